@@ -1,0 +1,1 @@
+from kahm_dask._validation import as_data_matrix

@@ -1,0 +1,107 @@
+"""One place for input checks: 2-D finite float64 data, enough rows, parameters.
+
+Every public entry point of the core calls these helpers so that bad input fails
+early with a message naming the problem and the fix, never deep inside NumPy.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+from sklearn.utils.validation import check_array
+
+__all__ = [
+    "as_data_matrix",
+    "check_n_rows",
+    "check_positive_int",
+    "check_positive_float",
+    "check_probability",
+    "check_n_features",
+]
+
+
+def as_data_matrix(Y: Any, name: str = "Y", *, min_rows: int = 1) -> np.ndarray:
+    """Return ``Y`` as a C-contiguous float64 array of shape (N, p).
+
+    Raises ``ValueError`` for a wrong rank, NaN/inf, or fewer than ``min_rows`` rows
+    and ``TypeError`` for non-numeric data. Dask arrays are computed (callers that
+    must stay lazy use the pipeline layer instead).
+    """
+    if hasattr(Y, "dask") and hasattr(Y, "compute"):
+        Y = Y.compute()
+    arr = Y if hasattr(Y, "__array__") else np.asarray(Y)
+    dtype = getattr(arr, "dtype", None)
+    if isinstance(dtype, np.dtype) and dtype.kind in "OUSV":
+        if dtype.kind != "O" or not _all_numeric(arr):
+            raise TypeError(f"{name} must hold numbers, got an array of dtype {dtype}.")
+    ndim = np.ndim(arr)
+    if ndim != 2:
+        raise ValueError(
+            f"{name} must be a 2-D array of shape (n_samples, n_features), got {ndim}-D "
+            f"with shape {np.shape(arr)}. Reshape a single sample with .reshape(1, -1) "
+            "or a single feature with .reshape(-1, 1)."
+        )
+    try:
+        out = check_array(
+            arr,
+            dtype=np.float64,
+            order="C",
+            ensure_all_finite=True,
+            ensure_min_samples=min_rows,
+            input_name=name,
+        )
+    except ValueError as exc:
+        raise ValueError(f"Invalid {name}: {exc}") from None
+    return out
+
+
+def _all_numeric(arr: np.ndarray) -> bool:
+    return all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in arr.ravel())
+
+
+def check_n_rows(n_rows: int, min_rows: int, what: str) -> None:
+    """Raise ``ValueError`` if ``what`` has fewer than ``min_rows`` rows."""
+    if n_rows < min_rows:
+        raise ValueError(
+            f"{what} has {n_rows} row(s); at least {min_rows} are needed."
+        )
+
+
+def check_positive_int(value: Any, name: str, *, minimum: int = 1) -> int:
+    """Return ``value`` as int, or raise if it is not an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}.")
+    return int(value)
+
+
+def check_positive_float(value: Any, name: str) -> float:
+    """Return ``value`` as float, or raise if it is not a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {value!r}.")
+    value = float(value)
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value}.")
+    return value
+
+
+def check_probability(value: Any, name: str) -> float:
+    """Return ``value`` as float, or raise if it is not in the open interval (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in (0, 1), got {value!r}.")
+    value = float(value)
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value}.")
+    return value
+
+
+def check_n_features(n_features: int, expected: int, what: str = "X") -> None:
+    """Raise ``ValueError`` if a query has another feature count than the training data."""
+    if n_features != expected:
+        raise ValueError(
+            f"{what} has {n_features} features, but the model was fitted with "
+            f"{expected} features."
+        )
