@@ -1,1 +1,23 @@
-from kahm_dask._validation import as_data_matrix
+"""kahm-dask: differentially private classification with Kernel Affine Hull Machines on Dask.
+
+The core (this namespace) is pure NumPy/SciPy/scikit-learn; the Dask pipeline lives in
+:mod:`kahm_dask.pipeline` and is imported only when used.
+"""
+
+from kahm_dask.classifier import KAHMClassifier, class_matching_scores
+from kahm_dask.deep import DeepKAHM, WideKAHM
+from kahm_dask.kahm import KAHM, DegenerateWeightsWarning
+from kahm_dask.regularization import LambdaFixedPoint, solve_lambda
+
+__all__ = [
+    "KAHM",
+    "DeepKAHM",
+    "WideKAHM",
+    "KAHMClassifier",
+    "class_matching_scores",
+    "solve_lambda",
+    "LambdaFixedPoint",
+    "DegenerateWeightsWarning",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,271 @@
+"""KAHM classifier (Definitions 7–8, §7) and its differentially private variants (Def. 12, §11).
+
+One wide conditionally deep KAHM per class; a query gets the class of minimum distance.
+With ``epsilon`` set, every class model is built only on DP data: the noisy rows of
+Algorithm 1 (``dp_data="noisy"``, Definition 12) or the rows fabricated from them
+(``dp_data="fabricated"``, the paper's proposal, §10–11).
+
+Seed streams (decision A26), all derived from one root ``SeedSequence(random_state)``:
+``child(root, 0)`` noise (row block b of X uses ``child(root, 0, b)``, so the noise of a row
+does not depend on the class split, the variant or the number of workers),
+``child(root, 1, c)`` the Remark 4 partition of class index c and ``child(root, 2, c)`` the
+classifier's k-means of class index c.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from kahm_dask._batching import row_chunks
+from kahm_dask._random import as_seed_sequence, child_seed_sequence
+from kahm_dask._validation import (
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
+from kahm_dask.deep import WideKAHM
+from kahm_dask.partition import check_partition
+from kahm_dask.privacy.fabrication import _check_fabrication_options, fabricate_partitioned
+from kahm_dask.privacy.noise import add_blocked_optimal_noise
+
+__all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "NOISE_STREAM", "PARTITION_STREAM", "MODEL_STREAM"]
+
+DP_DATA = ("fabricated", "noisy")
+NOISE_STREAM, PARTITION_STREAM, MODEL_STREAM = 0, 1, 2
+
+
+def class_matching_scores(distances: np.ndarray) -> np.ndarray:
+    """Class-matching scores ``ms_c(y) = exp(−Γ_c² / Σ_c' Γ_c'²)`` (Definition 8, eq. 67).
+
+    distances : (m, C) per-class distances Γ_c ≥ 0, possibly +∞. Returns (m, C) in
+    [e^{-1}, 1]. Rows of zeros give 1 everywhere; with k ≥ 1 infinite entries in a row, those
+    get e^{-1/k} and the finite ones 1 (the limit rule, decision A23).
+    """
+    D = np.asarray(distances, dtype=np.float64)
+    inf = np.isinf(D)
+    finite = np.where(inf, 0.0, D)
+    scale = finite.max(axis=1, keepdims=True)
+    scale[scale == 0] = 1.0
+    sq = (finite / scale) ** 2
+    total = sq.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(total > 0, sq / total, 0.0)
+    n_inf = inf.sum(axis=1, keepdims=True)
+    ratio = np.where(n_inf > 0, np.where(inf, 1.0 / np.maximum(n_inf, 1), 0.0), ratio)
+    return np.exp(-ratio)
+
+
+class KAHMClassifier(ClassifierMixin, BaseEstimator):
+    """Minimum-distance classifier over per-class wide deep KAHMs (Definitions 7, 8, 12).
+
+    Parameters
+    ----------
+    n_components : int, default=20
+        Subspace dimension n of every KAHM (capped per layer and branch, §3.3).
+    n_layers : int, default=5
+        Layers L of each deep KAHM (layer dimension max(n − l + 1, 1)).
+    block_size : int, default=1000
+        N_b: a class of N_c rows gets S_c = max(1, round(N_c / N_b)) branches (§6).
+    random_state : None, int, SeedSequence or Generator
+        Root seed of the noise and k-means streams (module docstring).
+    epsilon : float or None, default=None
+        None: the non-private model. Otherwise the privacy-loss bound ε > 0 of the
+        element-level (ε, δ)-DP guarantee for d-adjacent data (Definitions 10–11): one entry
+        of X changing by at most ``d``. A whole record of p features is covered at
+        (p·ε, p·δ) by basic composition. See docs/privacy.md.
+    delta : float, default=1e-5
+        δ in (0, 1): also the probability that an individual entry is released unperturbed.
+    d : float, default=1.0
+        Adjacency bound; use the public feature range (d = 1 for features in [0, 1]).
+    dp_data : {"fabricated", "noisy"}, default="fabricated"
+    r_source : {"private", "threshold", "passes"}, default="private"
+        Stopping rule of the fabrication (§10.2): the paper's r from the private rows (leaks
+        through M̃, decision A7), a public per-row error ``r_value``, or ``r_value`` passes.
+    r_value : float or int or None
+    cluster_on : {"original", "noisy"}, default="original"
+        Data the Remark 4 k-means partition is computed on (§10.3).
+    max_passes : int, default=100
+        Cap of the smoother M_max.
+    s_rule : {"round", "ceil"}; min_range : float or None; chunk_size : int; n_init : int
+        See :class:`~kahm_dask.WideKAHM`.
+
+    Attributes
+    ----------
+    classes_ : (C,) class labels
+    models_ : list of C fitted :class:`~kahm_dask.WideKAHM`
+    n_branches_ : (C,) branches per class
+    dp_data_ : dict label → (N_c, p) DP rows each class model was built on (releasable);
+        only when ``epsilon`` is set
+    fabrication_passes_ : dict label → list of M̃ per Remark 4 subset (fabricated only)
+    n_features_in_ : int
+
+    Notes
+    -----
+    ``predict_proba`` returns the class-matching scores normalised to sum to 1 per row. They
+    rank classes like the distances do but are not calibrated probabilities.
+    """
+
+    def __init__(
+        self,
+        n_components: int = 20,
+        n_layers: int = 5,
+        block_size: int = 1000,
+        random_state=None,
+        *,
+        epsilon: float | None = None,
+        delta: float = 1e-5,
+        d: float = 1.0,
+        dp_data: str = "fabricated",
+        r_source: str = "private",
+        r_value: float | int | None = None,
+        cluster_on: str = "original",
+        max_passes: int = 100,
+        s_rule: str = "round",
+        min_range: float | None = 1e-3,
+        chunk_size: int = 1000,
+        n_init: int = 10,
+    ) -> None:
+        self.n_components = n_components
+        self.n_layers = n_layers
+        self.block_size = block_size
+        self.random_state = random_state
+        self.epsilon = epsilon
+        self.delta = delta
+        self.d = d
+        self.dp_data = dp_data
+        self.r_source = r_source
+        self.r_value = r_value
+        self.cluster_on = cluster_on
+        self.max_passes = max_passes
+        self.s_rule = s_rule
+        self.min_range = min_range
+        self.chunk_size = chunk_size
+        self.n_init = n_init
+
+    # ------------------------------------------------------------------ fitting
+    def _check_params(self) -> None:
+        for name in ("n_components", "n_layers", "block_size", "chunk_size", "max_passes", "n_init"):
+            check_positive_int(getattr(self, name), name)
+        if self.epsilon is not None:
+            check_positive_float(self.epsilon, "epsilon")
+            check_probability(self.delta, "delta")
+            check_positive_float(self.d, "d")
+            if self.dp_data not in DP_DATA:
+                raise ValueError(f"dp_data must be one of {DP_DATA}, got {self.dp_data!r}.")
+            _check_fabrication_options(self.r_source, self.r_value, self.cluster_on)
+
+    def _wide(self, seed: np.random.SeedSequence) -> WideKAHM:
+        return WideKAHM(
+            self.n_components,
+            self.n_layers,
+            self.block_size,
+            random_state=seed,
+            n_init=self.n_init,
+            s_rule=self.s_rule,
+            min_range=self.min_range,
+            chunk_size=self.chunk_size,
+        )
+
+    def fit(self, X, y, *, partition=None) -> "KAHMClassifier":
+        """Fit one wide deep KAHM per class.
+
+        X : (N, p) training rows; y : (N,) labels of any type.
+        partition : optional (N,) integer branch labels within each class. When given, it
+            replaces every k-means step: it is the Remark 4 partition and the branches of
+            the class models (this is what the Dask pipeline does with dask-ml labels).
+        """
+        self._check_params()
+        X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2)
+        check_classification_targets(y)
+        self.classes_, y_idx = np.unique(y, return_inverse=True)
+        counts = np.bincount(y_idx, minlength=len(self.classes_))
+        if counts.min() < 2:
+            bad = self.classes_[counts < 2].tolist()
+            raise ValueError(
+                f"class(es) {bad} have 1 sample; a KAHM needs at least 2 samples per class."
+            )
+        labels = None if partition is None else check_partition(partition, X.shape[0], 1)[0]
+        root = as_seed_sequence(self.random_state)
+        private = self.epsilon is not None
+        X_noisy = (
+            add_blocked_optimal_noise(
+                X, self.epsilon, self.delta, self.d, child_seed_sequence(root, NOISE_STREAM)
+            )
+            if private
+            else None
+        )
+        models, dp_rows, passes = [], {}, {}
+        for c, label in enumerate(self.classes_):
+            rows = y_idx == c
+            part = None if labels is None else labels[rows]
+            data = X[rows] if not private else X_noisy[rows]
+            if private and self.dp_data == "fabricated":
+                data, _, passes[label] = fabricate_partitioned(
+                    X[rows],
+                    data,
+                    self.n_components,
+                    r_source=self.r_source,
+                    r_value=self.r_value,
+                    cluster_on=self.cluster_on,
+                    block_size=self.block_size,
+                    s_rule=self.s_rule,
+                    partition=part,
+                    random_state=child_seed_sequence(root, PARTITION_STREAM, c),
+                    max_passes=self.max_passes,
+                    min_range=self.min_range,
+                )
+            if private:
+                dp_rows[label] = data
+            models.append(
+                self._wide(child_seed_sequence(root, MODEL_STREAM, c)).fit(data, partition=part)
+            )
+        self.models_ = models
+        self.n_branches_ = np.array([m.n_branches_ for m in models])
+        if private:
+            self.dp_data_ = dp_rows
+            if self.dp_data == "fabricated":
+                self.fabrication_passes_ = passes
+        return self
+
+    # --------------------------------------------------------------- evaluation
+    def class_distances(self, X) -> np.ndarray:
+        """Per-class distances ``Γ_{W_c}(x)`` (eq. 64) of the rows of X → (m, C)."""
+        check_is_fitted(self, "models_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        out = np.empty((X.shape[0], len(self.models_)))
+        for rows in row_chunks(X.shape[0], self.chunk_size):
+            for c, model in enumerate(self.models_):
+                out[rows, c] = model._evaluate_rows(X[rows])[1]
+        return out
+
+    def _predict_from_distances(self, D: np.ndarray) -> np.ndarray:
+        return self.classes_[np.argmin(D, axis=1)]
+
+    def predict(self, X) -> np.ndarray:
+        """Class of minimum distance (Definition 7, eq. 66); ties → lowest class index."""
+        return self._predict_from_distances(self.class_distances(X))
+
+    def match_score(self, X) -> np.ndarray:
+        """Class-matching scores (Definition 8) → (m, C) in [e^{-1}, 1]; not probabilities."""
+        return class_matching_scores(self.class_distances(X))
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class-matching scores normalised to sum to 1 per row → (m, C).
+
+        A monotone re-expression of the distances, not a calibrated probability.
+        """
+        ms = self.match_score(X)
+        return ms / ms.sum(axis=1, keepdims=True)
+
+    def decision_function(self, X) -> np.ndarray:
+        """Negated distances → (m, C); for two classes ``Γ_0 − Γ_1`` → (m,) (scikit-learn
+        convention: positive means ``classes_[1]``)."""
+        D = self.class_distances(X)
+        if D.shape[1] == 2:
+            with np.errstate(invalid="ignore"):
+                diff = D[:, 0] - D[:, 1]
+            return np.nan_to_num(diff, nan=0.0)
+        return -D
