@@ -131,6 +131,28 @@ class DeepKAHM(_BatchEvaluator):
         self.n_features_in_ = Y.shape[1]
         return self
 
+    def to_state(self) -> tuple[list, dict]:
+        """Distinct layers' :meth:`KAHM.to_state` and how layers map onto them (for storage)."""
+        check_is_fitted(self, "layers_")
+        distinct: list[KAHM] = []
+        layer_map = []
+        for layer in self.layers_:
+            if not any(layer is k for k in distinct):
+                distinct.append(layer)
+            layer_map.append(next(i for i, k in enumerate(distinct) if k is layer))
+        meta = {"layer_map": layer_map, "params": self.get_params(), "n_features_in": self.n_features_in_}
+        return [k.to_state() for k in distinct], meta
+
+    @classmethod
+    def from_state(cls, layer_states: list, meta: dict) -> "DeepKAHM":
+        """Rebuild a fitted DeepKAHM from :meth:`to_state` output."""
+        model = cls(**meta["params"])
+        distinct = [KAHM.from_state(arrays, scalars) for arrays, scalars in layer_states]
+        model.layers_ = [distinct[i] for i in meta["layer_map"]]
+        model.layer_dims_ = [layer.n_components_ for layer in model.layers_]
+        model.n_features_in_ = int(meta["n_features_in"])
+        return model
+
     def _evaluate_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Nested layer outputs ``M_l`` (eq. 51), the nearest one and its layer index."""
         m = Yq.shape[0]

@@ -216,9 +216,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.components_ = P
         self.explained_variance_ = sigma
         self.n_components_ = int(n)
-        self.whitening_ = whitening
         self.codes_ = Z
-        self.codes_sq_norms_ = np.einsum("ij,ij->i", Z, Z)
         self.lambda_ = lam
         self.e_hat_ = e_hat
         self.n_iter_ = n_iter
@@ -226,7 +224,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.beta_ = U @ (C / (mu + lam)[:, None])
         self.n_samples_fit_ = N
         self.n_features_in_ = p
-        self._den_threshold = DENOMINATOR_RTOL * float(np.max(np.abs(self.beta_[:, p])))
+        self._set_derived()
 
         HY = U @ (C * (mu / (mu + lam))[:, None])  # K (K + λI)^{-1} [Y | 1]
         images, bad = self._ratio(HY)
@@ -234,6 +232,40 @@ class KAHM(TransformerMixin, BaseEstimator):
         gamma[bad] = np.inf
         self.training_error_ = float(gamma.sum())
         return images if training_images else None
+
+    def _set_derived(self) -> None:
+        """Quantities computed deterministically from the stored state."""
+        self.whitening_ = self.components_.T / np.sqrt(self.explained_variance_)
+        self.codes_sq_norms_ = np.einsum("ij,ij->i", self.codes_, self.codes_)
+        self._den_threshold = DENOMINATOR_RTOL * float(np.max(np.abs(self.beta_[:, -1])))
+
+    # ------------------------------------------------------------ serialisation
+    _STATE_ARRAYS = ("mean_", "components_", "explained_variance_", "codes_", "beta_", "kernel_eigenvalues_")
+    _STATE_SCALARS = ("n_components_", "lambda_", "e_hat_", "n_iter_", "n_samples_fit_", "n_features_in_", "training_error_")
+
+    def to_state(self) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
+        """The fitted state as arrays and scalars, for storage (no I/O here).
+
+        Arrays: mean (p,), components (n, p), explained_variance (n,), codes (N, n),
+        beta (N, p + 1), kernel_eigenvalues (N,). Everything else is derived on load.
+        """
+        check_is_fitted(self, "beta_")
+        arrays = {k.rstrip("_"): getattr(self, k) for k in self._STATE_ARRAYS}
+        scalars = {k.rstrip("_"): getattr(self, k) for k in self._STATE_SCALARS}
+        scalars = {k: (int(v) if isinstance(v, (int, np.integer)) else float(v)) for k, v in scalars.items()}
+        return arrays, {**scalars, "params": self.get_params()}
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], scalars: dict) -> "KAHM":
+        """Rebuild a fitted KAHM from :meth:`to_state` output; evaluates bit-identically."""
+        scalars = dict(scalars)
+        model = cls(**scalars.pop("params"))
+        for k in cls._STATE_ARRAYS:
+            setattr(model, k, np.ascontiguousarray(arrays[k.rstrip("_")], dtype=np.float64))
+        for k in cls._STATE_SCALARS:
+            setattr(model, k, scalars[k.rstrip("_")])
+        model._set_derived()
+        return model
 
     # --------------------------------------------------------------- evaluation
     def _ratio(self, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -186,7 +186,7 @@ def fabricate_partitioned(
 
 
 def fabricate_subset(
-    Y_s: np.ndarray,
+    Y_s: np.ndarray | None,
     Y_noisy_s: np.ndarray,
     n_components: int,
     *,
@@ -195,10 +195,16 @@ def fabricate_subset(
     max_passes: int = 100,
     min_range: float | None = 1e-3,
 ) -> Fabrication:
-    """Fabricate one subset with the threshold chosen by ``r_source`` (see above)."""
+    """Fabricate one subset with the threshold chosen by ``r_source`` (see above).
+
+    ``Y_s`` (the subset's original rows) is read only for ``r_source="private"``; pass None
+    otherwise, so the private rows need not be loaded at all.
+    """
     if r_source == "passes":
         return fabricate(Y_noisy_s, n_components, n_passes=int(r_value), min_range=min_range)
     if r_source == "private":
+        if Y_s is None:
+            raise ValueError("r_source='private' needs the subset's original rows Y_s.")
         r = modelling_error(Y_s, n_components, min_range=min_range)
     else:
         r = float(r_value) * Y_noisy_s.shape[0]

@@ -1,0 +1,110 @@
+"""Data that ship with a package or are generated: scikit-learn's bundled sets, synthetic
+blobs and the author's 2-D spiral, plus the §11 default split and [0, 1] scaling.
+
+Nothing here touches the network: only scikit-learn's ``load_*`` functions (bundled files) are
+used; every ``fetch_*`` is rejected.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from sklearn import datasets as _skd
+from sklearn.model_selection import train_test_split
+
+from kahm_dask._random import as_generator
+
+__all__ = [
+    "BUNDLED",
+    "load_bundled",
+    "Split",
+    "split_and_scale",
+    "MinMaxRange",
+    "make_class_blobs",
+    "make_spiral",
+]
+
+BUNDLED = {
+    "digits": _skd.load_digits,
+    "breast_cancer": _skd.load_breast_cancer,
+    "iris": _skd.load_iris,
+    "wine": _skd.load_wine,
+}
+
+
+def load_bundled(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(X (N, p) float64, y (N,)) of a scikit-learn dataset that ships with the package."""
+    if name not in BUNDLED:
+        raise ValueError(
+            f"unknown bundled dataset {name!r}; available offline: {sorted(BUNDLED)} "
+            "(scikit-learn's fetch_* datasets need the network and are not supported)."
+        )
+    X, y = BUNDLED[name](return_X_y=True)
+    return X.astype(np.float64), y
+
+
+class MinMaxRange(NamedTuple):
+    """Per-feature scaling to [0, 1]: ``(x − low) / width``; constant features map to 0."""
+
+    low: np.ndarray
+    width: np.ndarray
+
+    @classmethod
+    def fit(cls, X: np.ndarray) -> "MinMaxRange":
+        low, high = X.min(axis=0), X.max(axis=0)
+        return cls(low, np.where(high > low, high - low, 1.0))
+
+    def apply(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.low) / self.width
+
+
+class Split(NamedTuple):
+    X_train: np.ndarray
+    X_test: np.ndarray
+    y_train: np.ndarray
+    y_test: np.ndarray
+
+
+def split_and_scale(X, y, *, test_size: float = 0.3, split_seed: int = 0, scale: bool = True) -> Split:
+    """§11 default: stratified seeded split, features scaled to [0, 1] by the training min/max.
+
+    Test values may fall slightly outside [0, 1]. The training min/max are themselves private
+    data; where a feature's range is publicly known, scale with it instead.
+    """
+    Xtr, Xte, ytr, yte = train_test_split(
+        np.asarray(X, dtype=np.float64), np.asarray(y), test_size=test_size, stratify=y,
+        random_state=split_seed,
+    )
+    if scale:
+        rng = MinMaxRange.fit(Xtr)
+        Xtr, Xte = rng.apply(Xtr), rng.apply(Xte)
+    return Split(Xtr, Xte, ytr, yte)
+
+
+def make_class_blobs(
+    n_samples: int, n_features: int = 20, n_classes: int = 10, *, separation: float = 6.0,
+    random_state=None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian classes (unit covariance, centres ``separation`` apart in RMS), features
+    squashed to [0, 1] by a logistic map. Returns X (N, p) float64, y (N,) int64."""
+    rng = as_generator(random_state)
+    centres = rng.standard_normal((n_classes, n_features)) * (separation / np.sqrt(2.0 * n_features))
+    y = rng.integers(0, n_classes, size=n_samples)
+    X = centres[y] + rng.standard_normal((n_samples, n_features))
+    return 1.0 / (1.0 + np.exp(-X / 4.0)), y.astype(np.int64)
+
+
+def make_spiral(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The author's 2-D three-arm spiral (ALGORITHM.md oracle 20, ``datagen`` of demoGIKM.m).
+
+    u : (k,) positions in [0, 1]. Returns X (3k, 2) with rows (r sin t, r cos t),
+    r = 0.25 + 0.7u, t = 2c + 2u for classes c = 1, 2, 3, and y (3k,) in {1, 2, 3}.
+    """
+    u = np.asarray(u, dtype=np.float64)
+    X, y = [], []
+    for c in (1, 2, 3):
+        r, t = 0.25 + 0.7 * u, 2 * c + 2 * u
+        X.append(np.column_stack([r * np.sin(t), r * np.cos(t)]))
+        y.append(np.full(u.shape[0], c))
+    return np.vstack(X), np.concatenate(y)
