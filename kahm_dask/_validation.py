@@ -10,6 +10,7 @@ import numbers
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils.validation import check_array
 
 __all__ = [
@@ -25,26 +26,27 @@ __all__ = [
 def as_data_matrix(Y: Any, name: str = "Y", *, min_rows: int = 1) -> np.ndarray:
     """Return ``Y`` as a C-contiguous float64 array of shape (N, p).
 
-    Raises ``ValueError`` for a wrong rank, NaN/inf, or fewer than ``min_rows`` rows
-    and ``TypeError`` for non-numeric data. Dask arrays are computed (callers that
+    Raises ``ValueError`` for a wrong rank, NaN/inf, or fewer than ``min_rows`` rows and
+    ``TypeError`` for sparse or non-numeric data. Dask arrays are computed (callers that
     must stay lazy use the pipeline layer instead).
     """
     if hasattr(Y, "dask") and hasattr(Y, "compute"):
         Y = Y.compute()
-    arr = Y if hasattr(Y, "__array__") else np.asarray(Y)
-    dtype = getattr(arr, "dtype", None)
-    if isinstance(dtype, np.dtype) and dtype.kind in "OUSV":
-        if dtype.kind != "O" or not _all_numeric(arr):
-            raise TypeError(f"{name} must hold numbers, got an array of dtype {dtype}.")
-    ndim = np.ndim(arr)
-    if ndim != 2:
+    if sp.issparse(Y):
+        raise TypeError(
+            f"{name} is a sparse matrix; KAHM models need dense data (use {name}.toarray())."
+        )
+    arr = np.asarray(Y)
+    if arr.dtype.kind in "USV":
+        raise TypeError(f"{name} must hold numbers, got an array of dtype {arr.dtype}.")
+    if arr.ndim != 2:
         raise ValueError(
-            f"{name} must be a 2-D array of shape (n_samples, n_features), got {ndim}-D "
-            f"with shape {np.shape(arr)}. Reshape a single sample with .reshape(1, -1) "
-            "or a single feature with .reshape(-1, 1)."
+            f"{name} must be a 2-D array of shape (n_samples, n_features), got {arr.ndim}-D "
+            f"with shape {arr.shape}. Reshape your data with .reshape(-1, 1) for a single "
+            "feature or .reshape(1, -1) for a single sample."
         )
     try:
-        out = check_array(
+        return check_array(
             arr,
             dtype=np.float64,
             order="C",
@@ -54,18 +56,13 @@ def as_data_matrix(Y: Any, name: str = "Y", *, min_rows: int = 1) -> np.ndarray:
         )
     except ValueError as exc:
         raise ValueError(f"Invalid {name}: {exc}") from None
-    return out
-
-
-def _all_numeric(arr: np.ndarray) -> bool:
-    return all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in arr.ravel())
 
 
 def check_n_rows(n_rows: int, min_rows: int, what: str) -> None:
     """Raise ``ValueError`` if ``what`` has fewer than ``min_rows`` rows."""
     if n_rows < min_rows:
         raise ValueError(
-            f"{what} has {n_rows} row(s); at least {min_rows} are needed."
+            f"{what} has {n_rows} sample(s); at least {min_rows} are needed."
         )
 
 
@@ -98,10 +95,10 @@ def check_probability(value: Any, name: str) -> float:
     return value
 
 
-def check_n_features(n_features: int, expected: int, what: str = "X") -> None:
+def check_n_features(n_features: int, expected: int, estimator: str) -> None:
     """Raise ``ValueError`` if a query has another feature count than the training data."""
     if n_features != expected:
         raise ValueError(
-            f"{what} has {n_features} features, but the model was fitted with "
-            f"{expected} features."
+            f"X has {n_features} features, but {estimator} is expecting {expected} features "
+            "as input (the number of columns it was fitted on)."
         )

@@ -44,7 +44,11 @@ def class_matching_scores(distances: np.ndarray) -> np.ndarray:
     [e^{-1}, 1]. Rows of zeros give 1 everywhere; with k ≥ 1 infinite entries in a row, those
     get e^{-1/k} and the finite ones 1 (the limit rule, decision A23).
     """
-    D = np.asarray(distances, dtype=np.float64)
+    return np.exp(-_exponent_ratios(np.asarray(distances, dtype=np.float64)))
+
+
+def _exponent_ratios(D: np.ndarray) -> np.ndarray:
+    """``Γ_c² / Σ_c' Γ_c'²`` per row with the zero-row and +∞ rules of Definition 8."""
     inf = np.isinf(D)
     finite = np.where(inf, 0.0, D)
     scale = finite.max(axis=1, keepdims=True)
@@ -54,8 +58,7 @@ def class_matching_scores(distances: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(total > 0, sq / total, 0.0)
     n_inf = inf.sum(axis=1, keepdims=True)
-    ratio = np.where(n_inf > 0, np.where(inf, 1.0 / np.maximum(n_inf, 1), 0.0), ratio)
-    return np.exp(-ratio)
+    return np.where(n_inf > 0, np.where(inf, 1.0 / np.maximum(n_inf, 1), 0.0), ratio)
 
 
 class KAHMClassifier(ClassifierMixin, BaseEstimator):
@@ -261,11 +264,14 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         return ms / ms.sum(axis=1, keepdims=True)
 
     def decision_function(self, X) -> np.ndarray:
-        """Negated distances → (m, C); for two classes ``Γ_0 − Γ_1`` → (m,) (scikit-learn
-        convention: positive means ``classes_[1]``)."""
+        """Negated distances ``−Γ_c`` → (m, C).
+
+        For two classes (scikit-learn convention: one column, positive means
+        ``classes_[1]``) it returns ``log ms_1 − log ms_0 = (Γ_0² − Γ_1²) / (Γ_0² + Γ_1²)``
+        → (m,) in [−1, 1], which ranks rows exactly like ``predict_proba[:, 1]``.
+        """
         D = self.class_distances(X)
         if D.shape[1] == 2:
-            with np.errstate(invalid="ignore"):
-                diff = D[:, 0] - D[:, 1]
-            return np.nan_to_num(diff, nan=0.0)
+            log_ms = -_exponent_ratios(D)
+            return log_ms[:, 1] - log_ms[:, 0]
         return -D

@@ -44,7 +44,7 @@ class _BatchEvaluator(TransformerMixin, BaseEstimator):
     def _validate_queries(self, Yq) -> np.ndarray:
         check_is_fitted(self, "n_features_in_")
         Yq = as_data_matrix(Yq, "Yq")
-        check_n_features(Yq.shape[1], self.n_features_in_, "Yq")
+        check_n_features(Yq.shape[1], self.n_features_in_, type(self).__name__)
         return Yq
 
     def _evaluate(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

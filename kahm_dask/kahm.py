@@ -312,7 +312,7 @@ class KAHM(TransformerMixin, BaseEstimator):
     def _validate_queries(self, Yq) -> np.ndarray:
         check_is_fitted(self, "beta_")
         Yq = as_data_matrix(Yq, "Yq")
-        check_n_features(Yq.shape[1], self.n_features_in_, "Yq")
+        check_n_features(Yq.shape[1], self.n_features_in_, type(self).__name__)
         return Yq
 
     def transform(self, Yq) -> np.ndarray:

@@ -78,12 +78,13 @@ def solve_lambda_spectral(
     tol = rtol * s if lambda_atol is None else float(lambda_atol)
     for it in range(1, max_iter + 1):
         e_new = regularized_training_mse(e, tau, mu, c2, pN)
-        if abs(e_new - e) <= tol:
+        change = abs(e_new - e)
+        if change <= tol:
             return LambdaFixedPoint(e_new + tau, e_new, it, True, s)
         e = e_new
     warnings.warn(
         f"λ* fixed point did not converge in {max_iter} iterations "
-        f"(last change {abs(e_new - e):.3g}, tolerance {tol:.3g}).",
+        f"(last change {change:.3g}, tolerance {tol:.3g}).",
         ConvergenceWarning,
         stacklevel=2,
     )

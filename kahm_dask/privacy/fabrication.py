@@ -219,4 +219,6 @@ def _check_fabrication_options(r_source: str, r_value, cluster_on: str) -> None:
     if r_source == "threshold" and (r_value is None or not np.isfinite(r_value) or r_value < 0):
         raise ValueError("r_source='threshold' needs r_value, a public per-row error >= 0.")
     if r_source == "passes":
+        if r_value is None:
+            raise ValueError("r_source='passes' needs r_value, the fixed number of passes M̃ >= 1.")
         check_positive_int(r_value, "r_value (number of passes)")
