@@ -1,0 +1,272 @@
+"""Where the work runs: LocalCluster, a real remote scheduler, cluster config files, and
+one BLAS thread per Dask thread in every worker."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import pytest
+from distributed import Client
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from kahm_dask.pipeline.cluster import (
+    ClusterConnectionError,
+    KubernetesSpec,
+    LocalSpec,
+    RemoteSpec,
+    SlurmSpec,
+    SSHSpec,
+    build_cluster,
+    connect,
+    load_cluster_config,
+)
+from kahm_dask.pipeline.config import ClusterConfig, ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "cluster_configs"
+BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _worker_blas() -> dict:
+    """Runs on a worker: the thread count of every BLAS library and the BLAS variables."""
+    import scipy.linalg  # noqa: F401 - loads SciPy's own OpenBLAS next to NumPy's
+
+    return {
+        "pid": os.getpid(),
+        "blas": {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"},
+        "env": {name: os.environ.get(name) for name in BLAS_VARS},
+    }
+
+
+def _on_every_worker(client: Client, func) -> dict:
+    """Run ``func`` as a task on each worker; results by worker address."""
+    workers = list(client.scheduler_info()["workers"])
+    futures = {w: client.submit(func, workers=[w], pure=False) for w in workers}
+    return {w: f.result(timeout=60) for w, f in futures.items()}
+
+
+def _blas_threads_here() -> set[int]:
+    return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+# --------------------------------------------------------------------------- LocalCluster
+
+
+def test_local_threads_run_tasks_with_single_threaded_blas(caplog):
+    with threadpool_limits(limits=2, user_api="blas"):
+        caplog.set_level(logging.INFO, logger="kahm_dask.pipeline.cluster")
+        with connect(ClusterConfig(n_workers=2, processes=False)) as client:
+            assert client.submit(sum, [1, 2, 3]).result() == 6
+            results = _on_every_worker(client, _worker_blas)
+            assert len(results) == 2
+            assert all(set(r["blas"].values()) == {1} for r in results.values())
+            assert f"Dask dashboard: {client.dashboard_link}" in caplog.text
+        assert _blas_threads_here() == {2}  # the client's process is restored on exit
+
+
+def test_local_processes_run_tasks_with_blas_env_set_before_spawn():
+    with connect(ClusterConfig(n_workers=2, processes=True)) as client:
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+        results = _on_every_worker(client, _worker_blas)
+    assert len({r["pid"] for r in results.values()}) == 2
+    assert {r["pid"] for r in results.values()}.isdisjoint({os.getpid()})
+    for r in results.values():
+        assert r["env"] == dict.fromkeys(BLAS_VARS, "1")
+        assert len(r["blas"]) >= 2  # NumPy's and SciPy's OpenBLAS
+        assert set(r["blas"].values()) == {1}
+
+
+def test_worker_blas_is_limited_even_when_the_environment_says_otherwise(monkeypatch):
+    # A variable in the client's environment beats distributed's pre-spawn-environ, and a
+    # user's dask config may drop it; the worker plugin still limits BLAS to one thread.
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {}}):
+        with connect(ClusterConfig(n_workers=1, processes=True)) as client:
+            (result,) = _on_every_worker(client, _worker_blas).values()
+    assert result["env"]["OPENBLAS_NUM_THREADS"] == "2"
+    assert set(result["blas"].values()) == {1}
+
+
+def test_cluster_and_client_close_on_exception():
+    with pytest.raises(RuntimeError, match="boom"):
+        with connect(ClusterConfig(n_workers=1, processes=False)) as client:
+            cluster = client.cluster
+            raise RuntimeError("boom")
+    assert client.status == "closed"
+    assert cluster.status.name == "closed"
+
+
+def test_connect_builds_from_a_cluster_config_file(tmp_path):
+    path = tmp_path / "local.yaml"
+    path.write_text("kind: local\nn_workers: 1\nprocesses: false\nmemory_limit: 1GiB\n")
+    with connect(ClusterConfig(config=path)) as client:
+        assert client.submit(sum, [4, 5]).result() == 9
+        assert len(client.scheduler_info()["workers"]) == 1
+
+
+# --------------------------------------------------------------------------- remote
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate a process we started (gracefully, then its whole process group)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of its own session only
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _wait_for_scheduler_file(path: Path, proc: subprocess.Popen, log: Path) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dask scheduler exited:\n{log.read_text()}")
+        if path.exists():
+            try:
+                return json.loads(path.read_text())["address"]
+            except (json.JSONDecodeError, KeyError):
+                pass  # being written
+        time.sleep(0.1)
+    raise TimeoutError(f"no scheduler file after 60 s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def scheduler_address(tmp_path_factory) -> str:
+    """A real scheduler and one worker, as subprocesses; always stopped afterwards."""
+    tmp = tmp_path_factory.mktemp("remote")
+    scheduler_file = tmp / "scheduler.json"
+    dask_cli = [sys.executable, "-m", "dask"]
+    procs = []
+    try:
+        log = tmp / "scheduler.log"
+        procs.append(_start(
+            [*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)],
+            log,
+        ))
+        address = _wait_for_scheduler_file(scheduler_file, procs[0], log)
+        procs.append(_start(
+            [*dask_cli, "worker", "--scheduler-file", str(scheduler_file),
+             "--nthreads", "1", "--nworkers", "1", "--no-dashboard"],
+            tmp / "worker.log",
+        ))
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(1, timeout=60)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def test_remote_scheduler_by_address(scheduler_address):
+    with connect(ClusterConfig(scheduler=scheduler_address)) as client:
+        assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+        (result,) = _on_every_worker(client, _worker_blas).values()
+    assert set(result["blas"].values()) == {1}
+    with Client(scheduler_address, timeout=10) as client:  # only our client went away
+        assert len(client.scheduler_info()["workers"]) == 1
+
+
+def test_remote_scheduler_from_a_cluster_config_file(scheduler_address, tmp_path):
+    path = tmp_path / "remote.yaml"
+    path.write_text(f"kind: remote\naddress: {scheduler_address}\n")
+    assert load_cluster_config(path) == RemoteSpec(address=scheduler_address)
+    with connect(ClusterConfig(config=path)) as client:
+        assert client.submit(pow, 2, 5).result(timeout=30) == 32
+
+
+def test_unreachable_scheduler_fails_fast_naming_the_address():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    start = time.monotonic()
+    with pytest.raises(ClusterConnectionError, match=f"cannot reach the Dask scheduler at {address}"):
+        with connect(ClusterConfig(scheduler=address), timeout=1):
+            pass
+    assert time.monotonic() - start < 10
+
+
+# --------------------------------------------------------------------------- config files
+
+SHIPPED = {
+    "local.yaml": LocalSpec,
+    "remote.yaml": RemoteSpec,
+    "ssh.yaml": SSHSpec,
+    "slurm.yaml": SlurmSpec,
+    "kubernetes.yaml": KubernetesSpec,
+}
+
+
+@pytest.mark.parametrize("name, spec_type", SHIPPED.items())
+def test_shipped_cluster_configs_load_and_validate(name, spec_type):
+    spec = load_cluster_config(CONFIG_DIR / name)
+    assert type(spec) is spec_type
+    assert spec.kind == name.removesuffix(".yaml")
+    assert spec_type.from_mapping(spec.to_dict()) == spec
+
+
+def test_shipped_remote_config_address():
+    assert load_cluster_config(CONFIG_DIR / "remote.yaml").address == "tcp://127.0.0.1:8786"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("kind: local\nn_worker: 2\n", "unknown key 'n_worker'.*valid keys: kind, n_workers"),
+        ("n_workers: 2\n", "missing required key 'kind'.*one of local, remote, ssh, slurm, kubernetes"),
+        ("kind: yarn\n", "invalid value for 'kind'.*one of local, remote"),
+        ("kind: local\nprocesses: 'no'\n", "'processes'.*expected bool"),
+        ("kind: remote\n", "missing required key 'address'"),
+        ("kind: remote\naddress: 127.0.0.1:8786\n", "'address'.*tcp://"),
+        ("kind: ssh\nhosts: [a]\n", "'hosts'.*at least one worker host"),
+        ("kind: ssh\nhosts: a\n", "'hosts'.*a list of strings"),
+        ("kind: slurm\ncores: 4\n", "missing required key 'memory'"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\nwalltime: 2h\n", "'walltime'.*SLURM time"),
+        ("kind: slurm\ncores: 4\nmemory: 8GB\njobs: 0\n", "'jobs'.*>= 1"),
+        ("kind: kubernetes\nimage: x\nresources: {cpu: 1, memory: 1Gi, gpu: 1}\n",
+         "unknown key 'resources.gpu'"),
+        ("- kind: local\n", "expected a mapping"),
+    ],
+)
+def test_cluster_config_validation(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_cluster_config(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name, module, extra",
+    [("ssh.yaml", "asyncssh", "ssh"),
+     ("slurm.yaml", "dask_jobqueue", "jobqueue"),
+     ("kubernetes.yaml", "dask_kubernetes", "kubernetes")],
+)
+def test_build_cluster_names_the_missing_extra(monkeypatch, name, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # missing, even where it is installed
+    spec = load_cluster_config(CONFIG_DIR / name)
+    with pytest.raises(ImportError, match=f'pip install "kahm-dask\\[{extra}\\]"'):
+        build_cluster(spec)
+
+
+def test_build_cluster_rejects_remote_specs():
+    with pytest.raises(ValueError, match="no cluster to build"):
+        build_cluster(RemoteSpec(address="tcp://127.0.0.1:8786"))

@@ -1,0 +1,413 @@
+"""The pipeline YAML schema: defaults, round trip, strict validation, paths, overrides."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from kahm_dask.pipeline.config import (
+    ConfigError,
+    ModelConfig,
+    PipelineConfig,
+    PrivacyConfig,
+    SyntheticConfig,
+    load_config,
+)
+
+MINIMAL = {"name": "digits", "output": "runs/digits", "data": {"source": "sklearn:digits"}}
+
+FULL_YAML = """\
+name: full
+seed: 7
+output: runs/full
+data:
+  source: synthetic:blobs
+  test_source: null
+  test_size: 0.25
+  split_seed: 3
+  scale: tanh255
+  chunk_rows: 5000
+  synthetic: {n_samples: 2000, n_features: 8, n_classes: 3, dtype: float32}
+model:
+  n_components: 10
+  n_layers: 3
+  block_size: 500
+  s_rule: ceil
+  min_cluster_size: 40
+privacy:
+  epsilon: 2.5
+  delta: 1e-6
+  d: 0.5
+  dp_data: noisy
+  r_source: threshold
+  r_value: 12
+  cluster_on: noisy
+  max_passes: 50
+partition:
+  oversampling_factor: 40
+  init_max_iter: 3
+  max_iter: 60
+evaluate:
+  membership: no
+  max_train_rows: 1000
+report:
+  plots: false
+cluster:
+  scheduler: tcp://127.0.0.1:8786
+  config: null
+  n_workers: 4
+  threads_per_worker: 2
+  memory_limit: 2GiB
+  processes: false
+"""
+
+DEFAULTS = {
+    "seed": 0,
+    "data.test_source": None,
+    "data.test_size": 0.3,
+    "data.split_seed": 0,
+    "data.scale": "minmax",
+    "data.chunk_rows": None,
+    "data.synthetic": None,
+    "model.n_components": 20,
+    "model.n_layers": 5,
+    "model.block_size": 1000,
+    "model.s_rule": "round",
+    "model.min_cluster_size": None,
+    "privacy.epsilon": None,
+    "privacy.delta": 1e-5,
+    "privacy.d": 1.0,
+    "privacy.dp_data": "fabricated",
+    "privacy.r_source": "private",
+    "privacy.r_value": None,
+    "privacy.cluster_on": "original",
+    "privacy.max_passes": 100,
+    "partition.oversampling_factor": None,
+    "partition.init_max_iter": 5,
+    "partition.max_iter": 100,
+    "evaluate.membership": True,
+    "evaluate.max_train_rows": None,
+    "report.plots": True,
+    "cluster.scheduler": None,
+    "cluster.config": None,
+    "cluster.n_workers": 2,
+    "cluster.threads_per_worker": 1,
+    "cluster.memory_limit": "auto",
+    "cluster.processes": True,
+}
+
+
+def _get(obj, dotted: str):
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _with(dotted: str, value) -> dict:
+    """MINIMAL with ``dotted`` set to ``value`` (sections created as needed)."""
+    d = copy.deepcopy(MINIMAL)
+    *parents, last = dotted.split(".")
+    node = d
+    for name in parents:
+        node = node.setdefault(name, {})
+    node[last] = value
+    return d
+
+
+def _from(d: dict) -> PipelineConfig:
+    return PipelineConfig.from_dict(d, base_dir=".", origin="pipelines/x.yaml")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+@pytest.mark.parametrize("dotted, expected", list(DEFAULTS.items()))
+def test_every_default(dotted, expected):
+    assert _get(_from(MINIMAL), dotted) == expected
+
+
+def test_absent_or_null_privacy_is_non_private():
+    for d in (MINIMAL, _with("privacy", None)):
+        assert _from(d).privacy == PrivacyConfig()
+        assert _from(d).privacy.epsilon is None
+
+
+def test_synthetic_source_gets_default_block():
+    cfg = _from(_with("data.source", "synthetic:blobs"))
+    assert cfg.data.synthetic == SyntheticConfig()
+    assert (cfg.data.synthetic.n_samples, cfg.data.synthetic.dtype) == (100_000, "float64")
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def test_full_yaml_loads_and_round_trips(in_tmp):
+    (in_tmp / "pipelines").mkdir()
+    path = in_tmp / "pipelines" / "full.yaml"
+    path.write_text(FULL_YAML)
+    cfg = load_config(path)
+
+    assert cfg.output == in_tmp / "runs" / "full"
+    assert cfg.privacy.delta == 1e-6 and isinstance(cfg.privacy.delta, float)  # YAML 1.2 number
+    assert cfg.privacy.r_value == 12.0 and isinstance(cfg.privacy.r_value, float)
+    assert cfg.partition.oversampling_factor == 40.0
+    assert cfg.evaluate.membership is False  # YAML `no` is a real YAML bool
+    assert cfg.data.synthetic == SyntheticConfig(
+        n_samples=2000, n_features=8, n_classes=3, dtype="float32"
+    )
+    assert cfg.cluster.scheduler == "tcp://127.0.0.1:8786"
+
+    d = cfg.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert d["output"] == str(in_tmp / "runs" / "full")
+    assert PipelineConfig.from_dict(d, base_dir=in_tmp) == cfg
+
+
+def test_config_is_frozen():
+    cfg = _from(MINIMAL)
+    with pytest.raises(AttributeError):
+        cfg.seed = 1
+
+
+# --------------------------------------------------------------------------- invalid cases
+
+INVALID = [
+    # unknown keys, named with the full dotted key
+    ("model.n_componets", 3, "unknown key 'model.n_componets'"),
+    ("colour", "red", "unknown key 'colour'"),
+    ("data.synthetic.n_rows", 10, "unknown key 'data.synthetic.n_rows'"),
+    ("cluster.adress", "tcp://x:1", "unknown key 'cluster.adress'"),
+    # wrong types, named with the expected type
+    ("name", 5, "'name'.*expected str"),
+    ("seed", 1.5, "'seed'.*expected int"),
+    ("seed", True, "'seed'.*expected int"),
+    ("output", None, "'output'.*expected a path"),
+    ("model.n_components", "20", "'model.n_components'.*expected int"),
+    ("model.n_layers", False, "'model.n_layers'.*expected int"),
+    ("data.chunk_rows", 2.0, "'data.chunk_rows'.*expected int or null"),
+    ("privacy.epsilon", "1", "'privacy.epsilon'.*expected float or null"),
+    ("privacy.delta", None, "'privacy.delta'.*expected float"),
+    ("evaluate.membership", "yes", "'evaluate.membership'.*expected bool"),
+    ("report.plots", 1, "'report.plots'.*expected bool"),
+    ("cluster.processes", "true", "'cluster.processes'.*expected bool"),
+    ("data.scale", 1, "'data.scale'.*expected one of"),
+    ("model", [1, 2], "'model'.*expected a mapping"),
+    # invalid values
+    ("privacy.epsilon", 0, "'privacy.epsilon'.*> 0"),
+    ("privacy.epsilon", -1.0, "'privacy.epsilon'.*> 0"),
+    ("privacy.epsilon", float("inf"), "'privacy.epsilon'.*finite"),
+    ("privacy.delta", 0.0, r"'privacy.delta'.*\(0, 1\)"),
+    ("privacy.delta", 1, r"'privacy.delta'.*\(0, 1\)"),
+    ("privacy.d", 0, "'privacy.d'.*> 0"),
+    ("privacy.d", -2.0, "'privacy.d'.*> 0"),
+    ("model.n_components", 0, "'model.n_components'.*>= 1"),
+    ("model.block_size", -5, "'model.block_size'.*>= 1"),
+    ("data.test_size", 0, r"'data.test_size'.*\(0, 1\)"),
+    ("data.test_size", 1.0, r"'data.test_size'.*\(0, 1\)"),
+    ("seed", -1, "'seed'.*>= 0"),
+    ("privacy.max_passes", 0, "'privacy.max_passes'.*>= 1"),
+    ("partition.oversampling_factor", 0, "'partition.oversampling_factor'.*> 0"),
+    ("cluster.n_workers", 0, "'cluster.n_workers'.*>= 1"),
+    ("cluster.memory_limit", "lots", "'cluster.memory_limit'.*'auto' or a size"),
+    ("cluster.scheduler", "localhost:8786", "'cluster.scheduler'.*tcp://"),
+    ("name", " ", "'name'.*empty"),
+    # unknown enum values
+    ("data.scale", "zscore", "'data.scale'.*one of 'minmax', 'none', 'tanh255'"),
+    ("model.s_rule", "floor", "'model.s_rule'.*one of 'round', 'ceil'"),
+    ("privacy.dp_data", "raw", "'privacy.dp_data'.*one of 'fabricated', 'noisy'"),
+    ("privacy.r_source", "public", "'privacy.r_source'.*one of"),
+    ("privacy.cluster_on", "both", "'privacy.cluster_on'.*one of 'original', 'noisy'"),
+    ("data.source", "synthetic:moons", "'data.source'.*synthetic:blobs"),
+    ("data.source", "sklearn:", "'data.source'.*sklearn:digits"),
+    # r_value goes with r_source
+    ("privacy.r_value", 3.0, "'privacy.r_value'.*'private'"),
+    # a block that only fits another source
+    ("data.synthetic", {"n_samples": 10}, "'data.synthetic'.*synthetic:blobs"),
+]
+
+
+@pytest.mark.parametrize("dotted, value, message", INVALID)
+def test_invalid_value_is_rejected_naming_the_key(dotted, value, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        _from(_with(dotted, value))
+    assert info.value.key == dotted
+    assert "pipelines/x.yaml" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "privacy, key, message",
+    [
+        ({"r_source": "threshold"}, "privacy.r_value", "'threshold' needs a float >= 0"),
+        ({"r_source": "threshold", "r_value": -0.5}, "privacy.r_value", ">= 0"),
+        ({"r_source": "threshold", "r_value": "1"}, "privacy.r_value", "expected int or float"),
+        ({"r_source": "passes"}, "privacy.r_value", "'passes' needs an int >= 1"),
+        ({"r_source": "passes", "r_value": 2.5}, "privacy.r_value", "'passes' needs an int"),
+        ({"r_source": "passes", "r_value": 0}, "privacy.r_value", ">= 1"),
+        ({"r_source": "passes", "r_value": True}, "privacy.r_value", "expected int or float"),
+    ],
+)
+def test_r_value_is_checked_against_r_source(privacy, key, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        _from({**MINIMAL, "privacy": privacy})
+    assert info.value.key == key
+
+
+def test_r_value_accepted_forms():
+    threshold = _from({**MINIMAL, "privacy": {"r_source": "threshold", "r_value": 0}}).privacy
+    assert threshold.r_value == 0.0 and isinstance(threshold.r_value, float)
+    passes = _from({**MINIMAL, "privacy": {"r_source": "passes", "r_value": 4}}).privacy
+    assert passes.r_value == 4 and isinstance(passes.r_value, int)
+
+
+@pytest.mark.parametrize("missing", ["name", "output", "data"])
+def test_required_top_level_keys(missing):
+    d = {k: v for k, v in MINIMAL.items() if k != missing}
+    with pytest.raises(ConfigError, match=f"missing required key '{missing}'"):
+        _from(d)
+
+
+def test_required_data_source():
+    with pytest.raises(ConfigError, match="missing required key 'data.source'"):
+        _from({**MINIMAL, "data": {"test_size": 0.2}})
+
+
+def test_top_level_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        _from(["name", "x"])
+
+
+def test_unknown_key_lists_valid_keys_and_suggests():
+    with pytest.raises(ConfigError) as info:
+        _from(_with("model.n_componets", 3))
+    message = str(info.value)
+    assert message.startswith("unknown key 'model.n_componets' in pipelines/x.yaml")
+    assert "did you mean 'n_components'" in message
+    assert "valid keys: n_components, n_layers, block_size, s_rule, min_cluster_size" in message
+
+
+def test_scheduler_and_config_are_exclusive(in_tmp):
+    (in_tmp / "c.yaml").write_text("kind: local\n")
+    d = {**MINIMAL, "cluster": {"scheduler": "tcp://127.0.0.1:8786", "config": "c.yaml"}}
+    with pytest.raises(ConfigError, match="'cluster.scheduler' and 'cluster.config'"):
+        _from(d)
+
+
+def test_direct_construction_is_validated():
+    with pytest.raises(ConfigError, match="'model.n_components'.*>= 1"):
+        ModelConfig(n_components=0)
+    assert ModelConfig(n_components=3).n_components == 3
+
+
+# --------------------------------------------------------------------------- YAML details
+
+
+def test_yaml_bools_accepted_but_quoted_strings_rejected(in_tmp):
+    (in_tmp / "a.yaml").write_text(
+        "name: a\noutput: out\ndata: {source: 'sklearn:iris'}\nevaluate: {membership: yes}\n"
+    )
+    assert load_config(in_tmp / "a.yaml").evaluate.membership is True
+    (in_tmp / "b.yaml").write_text(
+        "name: b\noutput: out\ndata: {source: 'sklearn:iris'}\nevaluate: {membership: 'yes'}\n"
+    )
+    with pytest.raises(ConfigError, match=r"'evaluate.membership' in .*b.yaml: expected bool"):
+        load_config(in_tmp / "b.yaml")
+
+
+def test_yaml_duplicate_keys_and_syntax_errors(in_tmp):
+    (in_tmp / "dup.yaml").write_text(
+        "name: a\noutput: out\ndata: {source: 'sklearn:iris'}\nprivacy:\n  epsilon: 1\n  epsilon: 8\n"
+    )
+    with pytest.raises(ConfigError, match="duplicate key 'epsilon'"):
+        load_config(in_tmp / "dup.yaml")
+    (in_tmp / "bad.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="cannot parse .*bad.yaml"):
+        load_config(in_tmp / "bad.yaml")
+
+
+def test_yaml_error_names_the_file(in_tmp):
+    path = in_tmp / "x.yaml"
+    path.write_text("name: a\noutput: out\ndata: {source: 'sklearn:iris'}\nmodel: {n_componets: 3}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"unknown key 'model.n_componets' in {path}")):
+        load_config(in_tmp / "x.yaml")
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def test_relative_paths_resolve_against_cwd(in_tmp):
+    cfg = _from(_with("data.source", "data/x.npy, data/y.npy"))
+    assert cfg.output == in_tmp / "runs" / "digits"
+    assert cfg.data.source == f"{in_tmp / 'data' / 'x.npy'},{in_tmp / 'data' / 'y.npy'}"
+    test = _from(_with("data.test_source", "test.npz")).data.test_source
+    assert test == str(in_tmp / "test.npz")
+    assert _from(MINIMAL).data.source == "sklearn:digits"
+
+
+def test_cluster_config_found_next_to_the_yaml_file(in_tmp):
+    pipelines = in_tmp / "pipelines"
+    pipelines.mkdir()
+    (pipelines / "slurm.yaml").write_text("kind: local\n")
+    (pipelines / "p.yaml").write_text(
+        "name: p\noutput: out\ndata: {source: 'sklearn:iris'}\ncluster: {config: slurm.yaml}\n"
+    )
+    assert load_config(pipelines / "p.yaml").cluster.config == pipelines / "slurm.yaml"
+    (in_tmp / "slurm.yaml").write_text("kind: local\n")  # the working directory comes first
+    assert load_config(pipelines / "p.yaml").cluster.config == in_tmp / "slurm.yaml"
+
+
+def test_missing_cluster_config_names_both_places(in_tmp):
+    with pytest.raises(ConfigError, match="'cluster.config'.*looked in") as info:
+        PipelineConfig.from_dict(_with("cluster.config", "nope.yaml"), base_dir=in_tmp / "pipelines")
+    assert str(in_tmp / "pipelines" / "nope.yaml") in str(info.value)
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def test_with_overrides_replaces_dotted_keys():
+    cfg = _from(MINIMAL)
+    new = cfg.with_overrides(
+        **{"cluster.scheduler": "tcp://10.0.0.1:8786", "privacy.epsilon": 1, "seed": 5}
+    )
+    assert new.cluster.scheduler == "tcp://10.0.0.1:8786"
+    assert new.privacy.epsilon == 1.0 and new.seed == 5
+    assert cfg.cluster.scheduler is None and cfg.seed == 0  # the original is unchanged
+    assert new.with_overrides() == new
+
+
+def test_with_overrides_creates_optional_sections():
+    cfg = _from(_with("data.source", "synthetic:blobs"))
+    cfg = cfg.with_overrides(**{"data.synthetic.n_classes": 4})
+    assert cfg.data.synthetic.n_classes == 4 and cfg.data.synthetic.n_samples == 100_000
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model.n_componets": 3}, "unknown key 'model.n_componets' in the overrides"),
+        ({"cluster.n_workers": 0}, "'cluster.n_workers' in the overrides.*>= 1"),
+        ({"seed.value": 1}, "cannot override 'seed.value'.*'seed' is a value"),
+        ({"privacy.r_source": "passes"}, "'privacy.r_value' in the overrides.*'passes'"),
+    ],
+)
+def test_with_overrides_validates(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _from(MINIMAL).with_overrides(**overrides)
+
+
+def test_override_paths_are_relative_to_cwd(in_tmp):
+    (in_tmp / "local.yaml").write_text("kind: local\n")
+    cfg = _from(MINIMAL).with_overrides(**{"cluster.config": "local.yaml", "output": "elsewhere"})
+    assert cfg.cluster.config == in_tmp / "local.yaml"
+    assert cfg.output == Path(os.getcwd()) / "elsewhere"
