@@ -1,0 +1,207 @@
+"""The ``kahm-dask`` command (face layer): ingest, train, predict, evaluate, run.
+
+Built with click (a well-kept CLI library: typed options, help text, testable with
+``click.testing.CliRunner``). Every command that computes accepts ``--scheduler ADDR`` (a
+running Dask cluster) or ``--cluster-config FILE`` (``cluster_configs/*.yaml``); the default
+is a LocalCluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["main"]
+
+log = logging.getLogger("kahm_dask")
+
+
+def _cluster_options(f):
+    f = click.option("--memory-limit", default="auto", show_default=True, help="Per-worker memory limit of the LocalCluster, e.g. 2GiB.")(f)
+    f = click.option("--n-workers", type=int, default=2, show_default=True, help="Workers of the LocalCluster.")(f)
+    f = click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A cluster_configs/*.yaml file.")(f)
+    f = click.option("--scheduler", help="Address of a running Dask scheduler, e.g. tcp://127.0.0.1:8786.")(f)
+    return f
+
+
+def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit):
+    from kahm_dask.pipeline.config import ClusterConfig
+
+    if scheduler and cluster_config:
+        raise click.UsageError("give at most one of --scheduler and --cluster-config.")
+    return ClusterConfig(scheduler=scheduler, config=cluster_config, n_workers=n_workers, memory_limit=memory_limit)
+
+
+def _connect(cluster_cfg):
+    from kahm_dask.pipeline.cluster import connect
+
+    return connect(cluster_cfg)
+
+
+def _fail(exc: Exception) -> None:
+    raise click.ClickException(f"{type(exc).__name__}: {exc}")
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+@click.version_option(package_name="kahm-dask")
+def main(verbose: bool) -> None:
+    """Differentially private classification with Kernel Affine Hull Machines on Dask."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kahm_dask").setLevel(logging.INFO)
+    if not verbose:
+        for name in ("distributed", "dask_ml"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@main.command()
+@click.argument("source")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--chunk-rows", type=int, help="Rows per Zarr chunk (default: about 32 MiB).")
+@click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace an existing store (atomically).")
+def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) -> None:
+    """Write SOURCE into a Zarr dataset STORE.
+
+    SOURCE: sklearn:<digits|breast_cancer|iris|wine>, a .npz (arrays X, y), a .csv (label in
+    the last column), "x.npy,y.npy" or "images.idx3-ubyte.gz,labels.idx1-ubyte.gz".
+    """
+    from kahm_dask.pipeline.store import ingest as ingest_store
+
+    src = tuple(s.strip() for s in source.split(",")) if "," in source else source
+    try:
+        ds = ingest_store(src, store, chunk_rows=chunk_rows, dtype=dtype, overwrite=overwrite)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+        _fail(exc)
+    click.echo(f"{store}: {ds.n_samples} rows × {ds.n_features} features, classes {list(ds.classes)}")
+
+
+@main.command()
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--work", type=click.Path(path_type=Path), help="Work directory (private side). Default: MODEL with suffix .work")
+@click.option("--n-components", type=int, default=20, show_default=True)
+@click.option("--n-layers", type=int, default=5, show_default=True)
+@click.option("--block-size", type=int, default=1000, show_default=True)
+@click.option("--epsilon", type=float, help="Privacy-loss bound ε per entry; omit for a non-private model.")
+@click.option("--delta", type=float, default=1e-5, show_default=True)
+@click.option("--d", "d", type=float, default=1.0, show_default=True, help="Adjacency bound (feature range).")
+@click.option("--dp-data", type=click.Choice(["fabricated", "noisy"]), default="fabricated", show_default=True)
+@click.option("--r-source", type=click.Choice(["private", "threshold", "passes"]), default="private", show_default=True)
+@click.option("--r-value", type=float, help="Per-row threshold (threshold) or number of passes (passes).")
+@click.option("--cluster-on", type=click.Choice(["original", "noisy"]), default="original", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@_cluster_options
+def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, d, dp_data,
+          r_source, r_value, cluster_on, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
+    """Train a model store MODEL from the dataset STORE: partition, then one task per cluster."""
+    from kahm_dask.pipeline.config import PrivacyConfig
+    from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.pipeline.tasks import TrainParams
+    from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+
+    try:
+        if r_source == "passes" and r_value is not None:
+            r_value = int(r_value)
+        PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
+                      r_value=r_value, cluster_on=cluster_on)  # validates
+        ds = open_dataset(store)
+        params = TrainParams(n_components, n_layers, epsilon=epsilon, dp_data=dp_data,
+                             r_source=r_source, r_value=r_value)
+        settings = TrainSettings(params, seed=seed, delta=delta, d=d, block_size=block_size, cluster_on=cluster_on)
+        with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
+            summary = train_pipeline(ds, model, work or model.with_suffix(".work"), settings, client)
+    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
+        _fail(exc)
+    click.echo(json.dumps({k: v for k, v in summary.items() if k != "clusters"}, indent=2))
+
+
+@main.command()
+@click.argument("model", type=click.Path(exists=True, path_type=Path))
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@_cluster_options
+def predict(model, store, out, scheduler, cluster_config, n_workers, memory_limit) -> None:
+    """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr)."""
+    from kahm_dask.pipeline.predict import predict_to_store
+    from kahm_dask.pipeline.store import open_dataset
+
+    try:
+        ds = open_dataset(store)
+        with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
+            predict_to_store(model, ds.X(), out, client, progress=True)
+    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
+        _fail(exc)
+    click.echo(f"predictions for {ds.n_samples} rows written to {out}")
+
+
+@main.command()
+@click.argument("model", type=click.Path(exists=True, path_type=Path))
+@click.argument("predictions", type=click.Path(exists=True, path_type=Path))
+@click.argument("train_store", type=click.Path(exists=True, path_type=Path))
+@click.argument("test_store", type=click.Path(exists=True, path_type=Path))
+@click.option("--membership/--no-membership", default=True, show_default=True)
+@click.option("--max-train-rows", type=int, help="Seeded subset of training rows for the membership metrics.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@_cluster_options
+def evaluate(model, predictions, train_store, test_store, membership, max_train_rows, seed,
+             scheduler, cluster_config, n_workers, memory_limit) -> None:
+    """Accuracy and membership-inference metrics of stored PREDICTIONS (JSON to stdout)."""
+    from kahm_dask.pipeline.run import evaluate as evaluate_run
+    from kahm_dask.pipeline.store import open_dataset
+
+    try:
+        with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)):
+            metrics, _, _ = evaluate_run(
+                model, predictions, open_dataset(train_store), open_dataset(test_store),
+                membership=membership, max_train_rows=max_train_rows, seed=seed,
+            )
+    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
+        _fail(exc)
+    click.echo(json.dumps(metrics, indent=2))
+
+
+@main.command()
+@click.argument("pipeline", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--scheduler", help="Address of a running Dask scheduler (overrides the file).")
+@click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A cluster_configs/*.yaml file (overrides the file).")
+@click.option("--output", type=click.Path(path_type=Path), help="Run directory (overrides the file).")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def run(pipeline: Path, scheduler, cluster_config, output, no_progress: bool) -> None:
+    """Run PIPELINE.yaml end to end: ingest → partition → train → predict → evaluate.
+
+    Writes <output>/report.json and <output>/report.md (with plots).
+    """
+    from kahm_dask.pipeline.config import load_config
+    from kahm_dask.pipeline.run import run_pipeline
+
+    if scheduler and cluster_config:
+        raise click.UsageError("give at most one of --scheduler and --cluster-config.")
+    try:
+        cfg = load_config(pipeline)
+        overrides = {}
+        if scheduler:
+            overrides.update({"cluster.scheduler": scheduler, "cluster.config": None})
+        if cluster_config:
+            overrides.update({"cluster.config": str(cluster_config), "cluster.scheduler": None})
+        if output:
+            overrides["output"] = str(output)
+        if overrides:
+            cfg = cfg.with_overrides(**overrides)
+        with _connect(cfg.cluster) as client:
+            click.echo(f"Dask dashboard: {client.dashboard_link}", err=True)
+            metrics = run_pipeline(cfg, client, progress=not no_progress)
+    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
+        _fail(exc)
+    click.echo((Path(cfg.output) / "report.md").read_text())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Distributed prediction: per-cluster distance blocks, a min over the clusters of each class,
+an argmin over classes (ALGORITHM.md Definitions 6–7) — a reduction, not a gather.
+
+Test rows stay in Zarr, chunked by rows. For every cluster model, ``map_blocks`` gives one
+(rows,) distance block per row chunk; ``min`` over a class's clusters and ``argmin`` over
+classes run blockwise too. Distances and predictions are written back to Zarr.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import zarr
+from threadpoolctl import threadpool_limits
+
+from kahm_dask.pipeline.modelstore import cached_cluster, cluster_dir, read_manifest
+
+__all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
+
+PREDICTIONS = "predictions"
+DISTANCES = "class_distances"
+
+
+def _cluster_block(x: np.ndarray, path: str) -> np.ndarray:
+    """Γ of the rows of one block under one cluster's DeepKAHM (Definition 4)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return cached_cluster(path)._evaluate_rows(np.ascontiguousarray(x, dtype=np.float64))[1]
+
+
+def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:
+    """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p)."""
+    manifest = read_manifest(model_path)
+    if X.ndim != 2 or X.shape[1] != manifest["n_features"]:
+        raise ValueError(
+            f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
+        )
+    X = X.rechunk({1: -1}).astype(np.float64)
+    per_class: dict[int, list[da.Array]] = {}
+    for entry in manifest["clusters"]:
+        c, s = entry["class"], entry["cluster"]
+        path = str(cluster_dir(model_path, c, s))
+        block = X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, name=f"kahm-dist-c{c}-s{s}")
+        per_class.setdefault(c, []).append(block)
+    columns = [
+        blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0)
+        for _, blocks in sorted(per_class.items())
+    ]
+    # one chunk across classes, so every Zarr chunk is written by exactly one task
+    return da.stack(columns, axis=1).rechunk({1: -1})
+
+
+def predict_to_store(
+    model_path: str | Path, X: da.Array, out_path: str | Path, client=None, *, progress: bool = False
+) -> zarr.Group:
+    """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
+
+    Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
+    scheduler. Returns the written group, whose attributes hold ``classes`` (the labels the
+    codes index).
+    """
+    D = class_distance_array(model_path, X)
+    codes = D.argmin(axis=1).astype(np.int64)
+    group = zarr.open_group(str(out_path), mode="w", zarr_format=3)
+    d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
+    p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
+    job = da.store([D, codes], [d_arr, p_arr], lock=False, compute=False)
+    if client is None:
+        job.compute()
+    else:
+        futures = client.compute(job, retries=2)
+        if progress:
+            from distributed import progress as dask_progress
+
+            dask_progress(futures, notebook=False)
+        client.gather(futures)
+    group.attrs["classes"] = read_manifest(model_path)["classes"]
+    return group

@@ -1,0 +1,200 @@
+"""Build and run the training graph (ARCHITECTURE.md "Data flow of one training run").
+
+Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
+
+1. DP noise (Algorithm 1) blockwise, with the noise of global row block b drawn from
+   ``child(root, 0, b)`` — bit-identical to the in-memory :class:`KAHMClassifier`;
+   written to the work store (``X_noisy``, DP data).
+2. Per-class dask-ml k-means (``child(root, 1, c)``) on the original or the noisy rows.
+3. A cluster-grouped copy of X (and X_noisy): rows ordered by (class, cluster), original
+   order within a cluster, so each task reads one contiguous slice.
+4. One task per (class, cluster) (:func:`~kahm_dask.pipeline.tasks.train_cluster`); finished
+   clusters are skipped on a rerun (resume).
+
+The work store holds private data (X copy, cluster labels): it lives next to the data store,
+on the data owner's side; the model store holds only DP rows and models fitted on them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+
+from kahm_dask import __version__
+from kahm_dask._random import child_seed_sequence
+from kahm_dask.classifier import MODEL_STREAM, NOISE_STREAM, PARTITION_STREAM
+from kahm_dask.pipeline.modelstore import write_manifest
+from kahm_dask.pipeline.partition import partition_classes
+from kahm_dask.pipeline.store import DatasetStore
+from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, TrainParams, train_cluster
+from kahm_dask.privacy.noise import add_blocked_optimal_noise
+
+__all__ = ["TrainSettings", "noisy_array", "grouped_layout", "train_pipeline"]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Run-level settings on top of the per-task :class:`TrainParams`."""
+
+    params: TrainParams
+    seed: int = 0
+    delta: float = 1e-5
+    d: float = 1.0
+    block_size: int = 1000
+    s_rule: str = "round"
+    min_cluster_size: int | None = None
+    cluster_on: str = "original"
+    oversampling_factor: float | None = None
+    init_max_iter: int = 5
+    kmeans_max_iter: int = 100
+
+
+def noisy_array(X: da.Array, epsilon: float, delta: float, d: float, seed: np.random.SeedSequence) -> da.Array:
+    """``X + V`` blockwise (Algorithm 1); row r's noise depends only on (seed, r)."""
+
+    def block(x: np.ndarray, block_info=None) -> np.ndarray:
+        start = block_info[0]["array-location"][0][0]
+        return add_blocked_optimal_noise(x, epsilon, delta, d, seed, row_offset=start)
+
+    return X.astype(np.float64).map_blocks(block, dtype=np.float64)
+
+
+def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[list[int]], list[tuple[int, int, int, int]]]:
+    """Row order of the grouped copy and the (c, s, start, stop) table of its groups.
+
+    Groups are sorted by class code, then cluster label; rows keep their original order.
+    """
+    order = np.lexsort((np.arange(len(y_codes)), labels, y_codes))
+    keys = np.stack([y_codes[order], labels[order]], axis=1)
+    starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
+    stops = np.r_[starts[1:], len(order)]
+    indexer = [order[a:b].tolist() for a, b in zip(starts, stops)]
+    table = [(int(keys[a, 0]), int(keys[a, 1]), int(a), int(b)) for a, b in zip(starts, stops)]
+    return indexer, table
+
+
+def _write_grouped(source: da.Array, indexer: list[list[int]], path: Path, chunk_rows: int) -> None:
+    grouped = da.shuffle(source, indexer, axis=0).rechunk((chunk_rows, source.shape[1]))
+    grouped.to_zarr(str(path), overwrite=True, zarr_format=3)
+
+
+def train_pipeline(
+    store: DatasetStore,
+    model_path: str | Path,
+    work_path: str | Path,
+    settings: TrainSettings,
+    client=None,
+    *,
+    partition: np.ndarray | None = None,
+    progress: bool = True,
+) -> dict:
+    """Train every cluster model of ``store`` into ``model_path``; returns a summary dict.
+
+    ``partition`` : optional (N,) within-class cluster labels that replace the dask-ml
+    k-means (used to compare with the in-memory classifier given the same labels).
+    """
+    t0 = time.perf_counter()
+    params = settings.params
+    model_path, work_path = Path(model_path), Path(work_path)
+    work_path.mkdir(parents=True, exist_ok=True)
+    root = np.random.SeedSequence(settings.seed)
+    X = store.X().astype(np.float64)
+    y = store.y()
+    chunk_rows = X.chunks[0][0]
+    n_classes = len(store.classes)
+
+    X_noisy = None
+    if params.private:
+        noisy_path = work_path / "X_noisy"
+        noisy_array(
+            X, params.epsilon, settings.delta, settings.d, child_seed_sequence(root, NOISE_STREAM)
+        ).to_zarr(str(noisy_path), overwrite=True, zarr_format=3)
+        X_noisy = da.from_zarr(str(noisy_path))
+
+    if partition is None:
+        cluster_source = X_noisy if (params.private and settings.cluster_on == "noisy") else X
+        labels = partition_classes(
+            cluster_source,
+            y,
+            n_classes,
+            n_components=params.n_components,
+            block_size=settings.block_size,
+            s_rule=settings.s_rule,
+            min_cluster_size=settings.min_cluster_size,
+            seed=child_seed_sequence(root, PARTITION_STREAM),
+            oversampling_factor=settings.oversampling_factor,
+            init_max_iter=settings.init_max_iter,
+            max_iter=settings.kmeans_max_iter,
+        )
+    else:
+        labels = np.asarray(partition, dtype=np.int64)
+    indexer, table = grouped_layout(y, labels)
+    _write_grouped(X, indexer, work_path / GROUPED_X, chunk_rows)
+    if X_noisy is not None:
+        _write_grouped(X_noisy, indexer, work_path / GROUPED_X_NOISY, chunk_rows)
+    t_prep = time.perf_counter() - t0
+
+    write_manifest(
+        model_path,
+        {
+            "format_version": 1,
+            "kahm_dask_version": __version__,
+            "classes": list(store.classes),
+            "n_features": store.n_features,
+            "params": params.to_dict(),
+            "seed": settings.seed,
+            "seed_streams": {"noise": [NOISE_STREAM], "partition": [PARTITION_STREAM], "model": [MODEL_STREAM]},
+            "delta": settings.delta,
+            "d": settings.d,
+            "block_size": settings.block_size,
+            "cluster_on": settings.cluster_on,
+            "clusters": [{"class": c, "cluster": s, "n_rows": b - a} for c, s, a, b in table],
+            "versions": _versions(),
+        },
+    )
+    tasks = [
+        dask.delayed(train_cluster, pure=True)(str(work_path), str(model_path), c, s, a, b, params)
+        for c, s, a, b in table
+    ]
+    infos = _run(tasks, client, progress)
+    return {
+        "n_clusters": len(table),
+        "n_resumed": sum(i["resumed"] for i in infos),
+        "prepare_seconds": round(t_prep, 3),
+        "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
+        "clusters": infos,
+    }
+
+
+def _run(tasks: list, client, progress: bool) -> list[dict]:
+    if client is None:
+        return list(dask.compute(*tasks, scheduler="threads"))
+    futures = client.compute(tasks, retries=2)
+    if progress:
+        from distributed import progress as dask_progress
+
+        dask_progress(futures, notebook=False)
+    return client.gather(futures)
+
+
+def _versions() -> dict[str, str]:
+    import dask_ml
+    import distributed
+    import scipy
+    import sklearn
+
+    return {
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "scikit-learn": sklearn.__version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "dask-ml": dask_ml.__version__,
+        "zarr": zarr.__version__,
+    }
