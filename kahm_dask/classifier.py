@@ -27,6 +27,7 @@ from kahm_dask._validation import (
     check_probability,
 )
 from kahm_dask.deep import WideKAHM
+from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.partition import check_partition
 from kahm_dask.privacy.fabrication import _check_fabrication_options, fabricate_partitioned
 from kahm_dask.privacy.noise import add_blocked_optimal_noise
@@ -107,6 +108,12 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     Notes
     -----
+    With ``epsilon`` set, ``random_state`` is a secret of the data owner, like the data: it
+    determines the noise V, and ``dp_data_ − V`` would give the private rows back. So the
+    fitted class models keep no seed, and pickling a DP classifier (the usual way to release
+    it) stores ``random_state=None``. Use ``random_state=None`` (fresh OS entropy) unless a
+    reproducible run is needed, and never publish a seed used for a released DP model.
+
     ``predict_proba`` returns the class-matching scores normalised to sum to 1 per row. They
     rank classes like the distances do but are not calibrated probabilities.
     """
@@ -222,9 +229,9 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
                 )
             if private:
                 dp_rows[label] = data
-            models.append(
-                self._wide(child_seed_sequence(root, MODEL_STREAM, c)).fit(data, partition=part)
-            )
+            model = self._wide(child_seed_sequence(root, MODEL_STREAM, c)).fit(data, partition=part)
+            model.random_state = None  # a stored seed stream would reveal the noise (see Notes)
+            models.append(model)
         self.models_ = models
         self.n_branches_ = np.array([m.n_branches_ for m in models])
         if private:
@@ -233,15 +240,24 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
                 self.fabrication_passes_ = passes
         return self
 
+    def __getstate__(self) -> dict:
+        """Pickled state; a DP classifier drops its noise seed (see Notes)."""
+        state = super().__getstate__()
+        if self.epsilon is not None:
+            state["random_state"] = None
+        return state
+
     # --------------------------------------------------------------- evaluation
     def class_distances(self, X) -> np.ndarray:
         """Per-class distances ``Γ_{W_c}(x)`` (eq. 64) of the rows of X → (m, C)."""
         check_is_fitted(self, "models_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         out = np.empty((X.shape[0], len(self.models_)))
-        for rows in row_chunks(X.shape[0], self.chunk_size):
+        # one cache/BLAS-sized block of rows through every class, branch and layer while it
+        # is hot; distances only (no image bookkeeping) — docs/performance.md
+        for rows in row_chunks(X.shape[0], min(self.chunk_size, EVAL_BLOCK_ROWS)):
             for c, model in enumerate(self.models_):
-                out[rows, c] = model._evaluate_rows(X[rows])[1]
+                out[rows, c] = model._distance_rows(X[rows])[0]
         return out
 
     def _predict_from_distances(self, D: np.ndarray) -> np.ndarray:

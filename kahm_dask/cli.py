@@ -97,7 +97,7 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 @click.option("--r-source", type=click.Choice(["private", "threshold", "passes"]), default="private", show_default=True)
 @click.option("--r-value", type=float, help="Per-row threshold (threshold) or number of passes (passes).")
 @click.option("--cluster-on", type=click.Choice(["original", "noisy"]), default="original", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Root seed. Default: fresh entropy kept in the work directory. For DP runs an explicit seed is a secret: with it the noise can be subtracted.")
 @_cluster_options
 def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, d, dp_data,
           r_source, r_value, cluster_on, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:

@@ -495,11 +495,13 @@ class ClusterConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig(Section):
-    """A whole pipeline file: ``name``, ``seed`` (root of all randomness), ``output`` (the
+    """A whole pipeline file: ``name``, ``seed`` (root of all randomness; ``null``, the default,
+    draws fresh OS entropy once per run directory and keeps it on the private side, because a
+    known seed would let anyone subtract the DP noise), ``output`` (the
     run directory for reports and the model store) and the sections."""
 
     name: str
-    seed: int = field(default=0, metadata=bound(ge=0))
+    seed: int | None = field(default=None, metadata=bound(ge=0))
     output: Path
     data: DataConfig
     model: ModelConfig = field(default_factory=ModelConfig)

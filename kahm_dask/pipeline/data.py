@@ -91,7 +91,7 @@ def prepare_stores(cfg, out: Path) -> tuple[DatasetStore, DatasetStore]:
     if data.source == "synthetic:blobs":
         syn = data.synthetic
         X, y = synthetic_blobs(
-            syn.n_samples, syn.n_features, syn.n_classes, seed=cfg.seed, dtype=syn.dtype,
+            syn.n_samples, syn.n_features, syn.n_classes, seed=data.split_seed, dtype=syn.dtype,
             chunk_rows=data.chunk_rows or 20_000,
         )
         n_train = syn.n_samples - int(round(syn.n_samples * data.test_size))  # labels are i.i.d.

@@ -24,9 +24,13 @@ DISTANCES = "class_distances"
 
 
 def _cluster_block(x: np.ndarray, path: str) -> np.ndarray:
-    """Γ of the rows of one block under one cluster's DeepKAHM (Definition 4)."""
+    """Γ of the rows of one block under one cluster's DeepKAHM (Definition 4).
+
+    Evaluated in sub-chunks of the model's ``chunk_size`` rows, so the temporaries stay
+    O(chunk_size · N_b) whatever the Zarr chunk size.
+    """
     with threadpool_limits(limits=1, user_api="blas"):
-        return cached_cluster(path)._evaluate_rows(np.ascontiguousarray(x, dtype=np.float64))[1]
+        return cached_cluster(path)._evaluate(np.ascontiguousarray(x, dtype=np.float64))[1]
 
 
 def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:

@@ -124,7 +124,7 @@ def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
     predict_s = time.perf_counter() - t2
     metrics, d_train, d_test = evaluate(
         model_path, pred_path, train, test, membership=cfg.evaluate.membership,
-        max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.seed,
+        max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed,
     )
     p = cfg.privacy
     metrics = {
@@ -144,7 +144,7 @@ def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
         "dp_data": p.dp_data if p.epsilon is not None else None,
         "n_components": cfg.model.n_components,
         "n_layers": cfg.model.n_layers,
-        "seed": cfg.seed,
+        "seed": "secret" if p.epsilon is not None else cfg.seed,
         "dashboard": getattr(client, "dashboard_link", None),
     }
     fabricated, test_rows = _report_samples(model_path, test) if p.epsilon is not None else ({}, {})

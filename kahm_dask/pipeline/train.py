@@ -17,6 +17,8 @@ on the data owner's side; the model store holds only DP rows and models fitted o
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,7 @@ from kahm_dask.pipeline.store import DatasetStore
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, TrainParams, train_cluster
 from kahm_dask.privacy.noise import add_blocked_optimal_noise
 
-__all__ = ["TrainSettings", "noisy_array", "grouped_layout", "train_pipeline"]
+__all__ = ["TrainSettings", "resolve_seed", "noisy_array", "grouped_layout", "train_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class TrainSettings:
     """Run-level settings on top of the per-task :class:`TrainParams`."""
 
     params: TrainParams
-    seed: int = 0
+    seed: int | None = None
     delta: float = 1e-5
     d: float = 1.0
     block_size: int = 1000
@@ -53,6 +55,25 @@ class TrainSettings:
     oversampling_factor: float | None = None
     init_max_iter: int = 5
     kmeans_max_iter: int = 100
+
+
+def resolve_seed(seed: int | None, work_path: Path) -> int:
+    """The run's root seed: ``seed`` if given, else entropy drawn once and kept in
+    ``<work>/secret_seed.json`` (the private side), so a resumed run reuses it.
+
+    The seed is a secret for DP runs: with it, anyone holding the DP rows could regenerate
+    the noise and subtract it. It is never written to the model store or the reports.
+    """
+    if seed is not None:
+        return int(seed)
+    path = work_path / "secret_seed.json"
+    if path.exists():
+        return int(json.loads(path.read_text())["entropy"])
+    entropy = int(np.random.SeedSequence().entropy)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"entropy": entropy}))
+    os.replace(tmp, path)
+    return entropy
 
 
 def noisy_array(X: da.Array, epsilon: float, delta: float, d: float, seed: np.random.SeedSequence) -> da.Array:
@@ -103,8 +124,9 @@ def train_pipeline(
     params = settings.params
     model_path, work_path = Path(model_path), Path(work_path)
     work_path.mkdir(parents=True, exist_ok=True)
-    root = np.random.SeedSequence(settings.seed)
-    X = store.X().astype(np.float64)
+    seed = resolve_seed(settings.seed, work_path)
+    root = np.random.SeedSequence(seed)
+    X = store.X()  # stored dtype (float32 halves memory and I/O); tasks compute in float64
     y = store.y()
     chunk_rows = X.chunks[0][0]
     n_classes = len(store.classes)
@@ -148,7 +170,8 @@ def train_pipeline(
             "classes": list(store.classes),
             "n_features": store.n_features,
             "params": params.to_dict(),
-            "seed": settings.seed,
+            # a DP model store never records its noise seed (see resolve_seed)
+            "seed": None if params.private else seed,
             "seed_streams": {"noise": [NOISE_STREAM], "partition": [PARTITION_STREAM], "model": [MODEL_STREAM]},
             "delta": settings.delta,
             "d": settings.d,

@@ -137,7 +137,6 @@ def _write_pipeline(tmp_path: Path, extra: str = "") -> Path:
     cfg.write_text(
         f"""
 name: test-run
-seed: 0
 output: {tmp_path / 'run'}
 data:
   source: sklearn:digits
@@ -164,6 +163,12 @@ def test_cli_run_writes_report_and_no_training_row(tmp_path, digits):
         assert key in report
     assert report["accuracy"] > 0.85 and report["n_train"] == len(digits.y_train)
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "samples.png").exists()
+    # the DP noise seed is a secret: fresh entropy, kept on the private side only
+    assert report["seed"] == "secret"
+    from kahm_dask.pipeline.modelstore import read_manifest
+
+    assert read_manifest(tmp_path / "run" / "model.zarr")["seed"] is None
+    assert (tmp_path / "run" / "work" / "secret_seed.json").exists()
 
     # No original training row in anything released: the model store and the reports.
     released = [p for p in (tmp_path / "run").rglob("*") if p.is_file()

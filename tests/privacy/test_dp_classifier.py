@@ -1,0 +1,429 @@
+"""DP KAHM classifier (ALGORITHM.md §11, Definition 12; §15 A7, A13, A19, A26).
+
+* no private training row is stored in (or pickled with) a DP model;
+* ``dp_data_`` and the shared noise draw of the "noisy" and "fabricated" variants;
+* determinism and parameter checks;
+* the issue's acceptance test on digits (accuracy and membership-attack AUC at ε = 2);
+* the membership functions get the original training rows (oracle 31, A13).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from kahm_dask import KAHMClassifier
+from kahm_dask._random import child_seed_sequence
+from kahm_dask.datasets import load_bundled, split_and_scale
+from kahm_dask.kernel import gaussian_kernel_matrix
+from kahm_dask.privacy.fabrication import fabricate, modelling_error
+from kahm_dask.privacy.membership import (
+    membership_attack,
+    membership_attack_from_distances,
+    membership_evaluation,
+    membership_inference_score,
+)
+from kahm_dask.privacy.noise import add_blocked_optimal_noise
+
+EPS, DELTA, D = 2.0, 1e-5, 1.0
+N_COMP, N_LAYERS = 20, 5
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: digits and the fitted models, shared by the whole module
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """Stratified 70/30 split with seed 0, features to [0, 1] by the training min/max."""
+    return split_and_scale(*load_bundled("digits"), test_size=0.3, split_seed=0, scale=True)
+
+
+_CACHE: dict = {}
+
+
+def _fit(split, **kw) -> KAHMClassifier:
+    key = tuple(sorted(kw.items()))
+    if key not in _CACHE:
+        params = dict(n_components=N_COMP, n_layers=N_LAYERS, random_state=0) | kw
+        _CACHE[key] = KAHMClassifier(**params).fit(split.X_train, split.y_train)
+    return _CACHE[key]
+
+
+@pytest.fixture(scope="module")
+def fabricated(digits):
+    return _fit(digits, epsilon=EPS)
+
+
+@pytest.fixture(scope="module")
+def noisy(digits):
+    return _fit(digits, epsilon=EPS, dp_data="noisy")
+
+
+@pytest.fixture(scope="module")
+def non_private(digits):
+    return _fit(digits)
+
+
+# ---------------------------------------------------------------------------------------------
+# no private row in the model
+# ---------------------------------------------------------------------------------------------
+
+
+def _float_arrays(obj, seen=None):
+    """Every float64 ndarray reachable from ``obj`` through __dict__, lists, tuples, dicts."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == np.float64:
+            yield obj
+        elif obj.dtype == object:
+            for item in obj.ravel():
+                yield from _float_arrays(item, seen)
+        return
+    if isinstance(obj, dict):
+        items = list(obj.keys()) + list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    else:
+        return
+    for item in items:
+        yield from _float_arrays(item, seen)
+
+
+def _leaked_rows(model, X: np.ndarray, tol: float = 1e-9) -> list[tuple[int, tuple]]:
+    """(row of X, shape of the array) for every row of X equal (to ``tol``) to a row of some
+    stored 2-D array with p columns, or to a stored 1-D array of length p."""
+    p = X.shape[1]
+    hits = []
+    for arr in _float_arrays(model):
+        if arr.ndim == 2 and arr.shape[1] == p and arr.shape[0] > 0:
+            rows = arr
+        elif arr.ndim == 1 and arr.shape[0] == p:
+            rows = arr[None, :]
+        else:
+            continue
+        close = cdist(X, rows, "chebyshev") <= tol
+        hits += [(int(i), arr.shape) for i in np.flatnonzero(close.any(axis=1))]
+    return hits
+
+
+def _rows_in_pickle(model, X: np.ndarray) -> list[int]:
+    """Rows i of X whose raw bytes ``X[i].tobytes()`` occur anywhere in ``pickle.dumps(model)``.
+
+    Same result as ``[i for i in range(N) if X[i].tobytes() in blob]``, but fast: the blob is
+    read as 8-byte words at each of the 8 byte offsets, candidate positions are found from one
+    anchor word per row (its first non-zero entry) and then checked in full.
+    """
+    blob = pickle.dumps(model)
+    Xw = np.ascontiguousarray(X, dtype=np.float64).view(np.uint64)
+    N, p = Xw.shape
+    nonzero = Xw != 0
+    anchor_col = np.where(nonzero.any(axis=1), nonzero.argmax(axis=1), 0)
+    anchor = Xw[np.arange(N), anchor_col]
+    found = set()
+    for offset in range(8):
+        words = np.frombuffer(blob, dtype=np.uint64, count=(len(blob) - offset) // 8, offset=offset)
+        for pos in np.flatnonzero(np.isin(words, anchor)):
+            for i in np.flatnonzero(anchor == words[pos]):
+                start = pos - anchor_col[i]
+                window = words[start : start + p] if start >= 0 else words[:0]
+                if window.size == p and np.array_equal(window, Xw[i]):
+                    found.add(int(i))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("variant", ["fabricated", "noisy"])
+def test_no_training_row_in_dp_model(digits, variant):
+    clf = _fit(digits, epsilon=EPS, dp_data=variant)
+    X = digits.X_train
+    n_arrays = sum(1 for _ in _float_arrays(clf))
+    assert n_arrays > 10  # the walk reaches the class models, not only the top level
+    assert _leaked_rows(clf, X) == []
+    assert _rows_in_pickle(clf, X) == []
+    # the model round-trips through pickle and predicts the same
+    np.testing.assert_array_equal(
+        pickle.loads(pickle.dumps(clf)).predict(digits.X_test), clf.predict(digits.X_test)
+    )
+
+
+def test_row_scan_can_fail(digits, fabricated):
+    """Contrast: a model carrying one training row (nested deep in its state) is caught."""
+    X = digits.X_train
+    leaky = pickle.loads(pickle.dumps(fabricated))
+    copies = lambda i: np.flatnonzero((X == X[i]).all(axis=1)).tolist()  # noqa: E731 (duplicates)
+    leaky.models_[3].branches_[0].layers_[0].debug_ = {"rows": [X[17:18].copy()]}
+    assert _leaked_rows(leaky, X) == [(i, (1, X.shape[1])) for i in copies(17)]
+    assert _rows_in_pickle(leaky, X) == copies(17)
+    leaky2 = pickle.loads(pickle.dumps(fabricated))
+    leaky2.dp_data_[leaky2.classes_[0]][5] = X[40] + 1e-12  # within the 1e-9 tolerance
+    assert [i for i, _ in _leaked_rows(leaky2, X)] == copies(40)
+    assert _rows_in_pickle(leaky2, X) == []  # not bit-equal: only the tolerance scan sees it
+
+
+def _fit_sets(model: KAHMClassifier):
+    """The rows each class model was fitted on, rebuilt from the stored state.
+
+    A KAHM stores beta = (K + λI)^{-1} [Y | 1] and the codes that give K, so
+    Y = (K + λI) beta[:, :p]: the model determines its training rows even though it does not
+    store them as such. Returns (class index, branch, rebuilt rows).
+    """
+    for c, wide in enumerate(model.models_):
+        for b, deep in enumerate(wide.branches_):
+            layer = deep.layers_[0]
+            K = gaussian_kernel_matrix(layer.codes_, layer.n_components_)
+            Y = (K + layer.lambda_ * np.eye(K.shape[0])) @ layer.beta_[:, :-1]
+            yield c, b, Y
+
+
+@pytest.mark.parametrize("variant", ["fabricated", "noisy"])
+def test_class_models_are_fitted_on_dp_rows_only(digits, variant):
+    clf = _fit(digits, epsilon=EPS, dp_data=variant)
+    X = digits.X_train
+    for c, _, Y in _fit_sets(clf):
+        dp = clf.dp_data_[clf.classes_[c]]
+        # every rebuilt row is a DP row of its class, and none is a private row
+        assert np.all(cdist(Y, dp, "chebyshev").min(axis=1) <= 1e-8)
+        assert np.all(cdist(Y, X, "chebyshev").min(axis=1) > 1e-3)
+
+
+def test_rebuilt_fit_set_of_non_private_model_is_the_data(digits, non_private):
+    """Contrast for the test above: the non-private model determines the private rows."""
+    X, y = digits.X_train, digits.y_train
+    for c, _, Y in _fit_sets(non_private):
+        assert np.all(cdist(Y, X[y == non_private.classes_[c]], "chebyshev").min(axis=1) <= 1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# dp_data_ and the shared noise draw
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dp_data_rows_per_class_and_not_original(digits, fabricated, noisy):
+    X, y = digits.X_train, digits.y_train
+    for clf in (fabricated, noisy):
+        assert list(clf.dp_data_) == list(clf.classes_)
+        for label in clf.classes_:
+            dp, orig = clf.dp_data_[label], X[y == label]
+            assert dp.shape == orig.shape  # N_c rows, row i from original row i of the class
+            assert np.all(np.abs(dp - orig).max(axis=1) > 1e-3)
+    assert not hasattr(noisy, "fabrication_passes_")
+    assert set(fabricated.fabrication_passes_) == set(fabricated.classes_)
+    assert all(
+        len(v) == 1 and v[0] is not None for v in fabricated.fabrication_passes_.values()
+    )
+
+
+def test_noisy_and_fabricated_share_the_noise_draw(digits, fabricated, noisy):
+    X, y = digits.X_train, digits.y_train
+    Yp = add_blocked_optimal_noise(
+        X, EPS, DELTA, D, child_seed_sequence(np.random.SeedSequence(0), 0)
+    )
+    for label in noisy.classes_:
+        np.testing.assert_array_equal(noisy.dp_data_[label], Yp[y == label])
+    # the fabricated rows are fabricated from that same draw (one Remark 4 part per class)
+    for label in fabricated.classes_[:3]:
+        rows = y == label
+        ref = fabricate(Yp[rows], N_COMP, modelling_error(X[rows], N_COMP))
+        np.testing.assert_array_equal(fabricated.dp_data_[label], ref.data)
+        assert fabricated.fabrication_passes_[label] == [ref.n_passes]
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism and parameter checks
+# ---------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_model_other_seed_other_data(digits, fabricated):
+    again = KAHMClassifier(N_COMP, N_LAYERS, random_state=0, epsilon=EPS).fit(
+        digits.X_train, digits.y_train
+    )
+    np.testing.assert_array_equal(again.predict(digits.X_test), fabricated.predict(digits.X_test))
+    for label in fabricated.classes_:
+        np.testing.assert_array_equal(again.dp_data_[label], fabricated.dp_data_[label])
+    assert again.fabrication_passes_ == fabricated.fabrication_passes_
+    other = _fit(digits, epsilon=EPS, random_state=1)
+    for label in fabricated.classes_:
+        assert not np.allclose(other.dp_data_[label], fabricated.dp_data_[label])
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(epsilon=-1.0), "epsilon"),
+        (dict(epsilon=1.0, delta=0.0), "delta"),
+        (dict(epsilon=1.0, delta=1.0), "delta"),
+        (dict(epsilon=1.0, delta=-0.5), "delta"),
+        (dict(epsilon=1.0, d=0.0), r"\bd\b"),
+        (dict(epsilon=1.0, d=-2.0), r"\bd\b"),
+        (dict(epsilon=1.0, dp_data="original"), "dp_data"),
+        (dict(epsilon=1.0, dp_data="synthetic"), "dp_data"),
+    ],
+)
+def test_parameter_checks_at_fit(kwargs, name):
+    clf = KAHMClassifier(5, 1, random_state=0, **kwargs)  # construction never raises
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(size=(40, 4)), np.repeat([0, 1], 20)
+    with pytest.raises(ValueError, match=name):
+        clf.fit(X, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue acceptance
+# ---------------------------------------------------------------------------------------------
+
+
+def test_acceptance_digits_epsilon2(digits, fabricated, non_private):
+    """ISSUE ACCEPTANCE: digits (stratified 70/30, split seed 0, [0, 1] by training min/max),
+    n = 20, L = 5, random_state = 0: the fabricated classifier at ε = 2 reaches ≥ 0.92 test
+    accuracy and its threshold-attack AUC is ≤ 0.60; the non-private model leaks more."""
+    acc = fabricated.score(digits.X_test, digits.y_test)
+    dp_auc = membership_attack(fabricated, digits.X_train, digits.X_test).auc
+    np_auc = membership_attack(non_private, digits.X_train, digits.X_test).auc
+    assert acc >= 0.92, acc
+    assert dp_auc <= 0.60, dp_auc
+    assert np_auc > dp_auc, (np_auc, dp_auc)
+
+
+# ---------------------------------------------------------------------------------------------
+# membership functions get the original training rows
+# ---------------------------------------------------------------------------------------------
+
+
+class _Spy:
+    """Forwards class_distances to a classifier and records every array it receives."""
+
+    def __init__(self, clf):
+        self.clf = clf
+        self.calls = []
+
+    def class_distances(self, X):
+        self.calls.append(np.array(X, copy=True))
+        return self.clf.class_distances(X)
+
+
+def test_membership_functions_receive_original_rows(digits, fabricated):
+    Xtr, Xte = digits.X_train, digits.X_test
+    dp_rows = np.vstack([fabricated.dp_data_[c] for c in fabricated.classes_])
+    spy = _Spy(fabricated)
+    mi, at = membership_evaluation(spy, Xtr, Xte, random_state=0)
+    assert len(spy.calls) == 2
+    np.testing.assert_array_equal(spy.calls[0], Xtr)
+    np.testing.assert_array_equal(spy.calls[1], Xte)
+    assert cdist(spy.calls[0], dp_rows, "chebyshev").min() > 1e-3  # not the DP rows
+    assert mi.n_train_used == at.n_members == len(Xtr)
+    assert at.n_nonmembers == len(Xte)
+    # the attack is the §8.3 threshold attack on those distances
+    ref = membership_attack_from_distances(
+        fabricated.class_distances(Xtr).min(axis=1), fabricated.class_distances(Xte).min(axis=1)
+    )
+    assert at.auc == ref.auc and at.tpr_at_1pct_fpr == ref.tpr_at_1pct_fpr
+
+    # the single-report functions too, also with a seeded subset of the training rows
+    spy.calls.clear()
+    membership_attack(spy, Xtr, Xte)
+    np.testing.assert_array_equal(spy.calls[0], Xtr)
+    spy.calls.clear()
+    res = membership_inference_score(spy, Xtr, Xte, max_train_rows=300, random_state=0)
+    assert res.n_train_used == 300 and spy.calls[0].shape == (300, Xtr.shape[1])
+    assert np.all(cdist(spy.calls[0], Xtr, "chebyshev").min(axis=1) == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the seed of the noise must not travel with the released model
+# ---------------------------------------------------------------------------------------------
+
+
+def _walk_values(obj, seen=None):
+    """Every object reachable from ``obj`` through __dict__, lists, tuples and dicts."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    yield obj
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        children = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, np.ndarray):
+        children = list(vars(obj).values())
+    else:
+        children = []
+    for child in children:
+        yield from _walk_values(child, seen)
+
+
+def _recover_rows_from_stored_seeds(model: KAHMClassifier) -> np.ndarray:
+    """An attacker holding only the released model and the library.
+
+    For every seed sequence found in the model, take the root it was derived from (the
+    classifier derives the class-model seeds as child(root, 2, c), module docstring),
+    regenerate the noise V = child(root, 0) of Algorithm 1 and subtract it from the released
+    noisy rows; a DP row is matched to the noise row whose subtraction lands in the public
+    range [0, 1]^p. Returns the recovered rows (k, p).
+    """
+    N = sum(len(v) for v in model.dp_data_.values())
+    p = model.n_features_in_
+    roots = {
+        (v.entropy, tuple(v.spawn_key[:-2]))
+        for v in _walk_values(model)
+        if isinstance(v, np.random.SeedSequence) and len(v.spawn_key) >= 2
+    }
+    recovered = []
+    for entropy, key in roots:
+        V = add_blocked_optimal_noise(
+            np.zeros((N, p)), model.epsilon, model.delta, model.d,
+            child_seed_sequence(np.random.SeedSequence(entropy, spawn_key=key), 0),
+        )
+        for dp in model.dp_data_.values():
+            cand = dp[:, None, :] - V[None, :, :]  # (N_c, N, p)
+            ok = np.all((cand >= -1e-9) & (cand <= 1 + 1e-9), axis=2)
+            for j in np.flatnonzero(ok.sum(axis=1) == 1):
+                recovered.append(cand[j, np.flatnonzero(ok[j])[0]])
+    return np.array(recovered).reshape(-1, p)
+
+
+def test_released_model_does_not_carry_the_noise_seed(digits):
+    """No seed stream in the fitted class models: anyone holding one could regenerate the
+    Algorithm 1 noise V and recover X_train = dp_data_ − V exactly."""
+    clf = KAHMClassifier(N_COMP, N_LAYERS, epsilon=EPS, dp_data="noisy").fit(
+        digits.X_train, digits.y_train
+    )
+    assert clf.get_params()["random_state"] is None
+    released = pickle.loads(pickle.dumps(clf))
+    recovered = _recover_rows_from_stored_seeds(released)
+    n_exact = 0
+    if recovered.size:
+        n_exact = int((cdist(recovered, digits.X_train, "chebyshev").min(axis=1) <= 1e-9).sum())
+    assert n_exact == 0, f"{n_exact} of {len(digits.X_train)} training rows recovered exactly"
+
+
+def test_pickled_dp_classifier_drops_an_explicit_seed(digits):
+    """With an explicit random_state the live estimator keeps it (the data owner's side), but
+    the pickled model (the release) holds no seed and no seed stream; predictions unchanged."""
+    clf = KAHMClassifier(N_COMP, N_LAYERS, random_state=0, epsilon=EPS, dp_data="noisy")
+    clf.fit(digits.X_train, digits.y_train)
+    assert clf.random_state == 0
+    assert all(model.random_state is None for model in clf.models_)
+    released = pickle.loads(pickle.dumps(clf))
+    assert released.random_state is None
+    assert not any(
+        isinstance(v, (np.random.SeedSequence, np.random.Generator)) for v in _walk_values(released)
+    )
+    assert _recover_rows_from_stored_seeds(released).shape[0] == 0
+    np.testing.assert_array_equal(released.predict(digits.X_test), clf.predict(digits.X_test))
+
+
+def test_pickled_non_private_classifier_keeps_its_seed(digits):
+    """Only DP models drop the seed; a non-private one round-trips its params unchanged."""
+    clf = _fit(digits)
+    assert pickle.loads(pickle.dumps(clf)).random_state == 0
