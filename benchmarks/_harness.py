@@ -91,7 +91,9 @@ def write_report(name: str, title: str, facts: dict[str, str], sections: Sequenc
     """Write ``benchmarks/results/<name>.md`` with the facts and the tables; return the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     facts = dict(facts, **{"load average at end": " ".join(f"{x:.2f}" for x in os.getloadavg())})
-    parts = [f"# {title}", "", f"Command: `python {' '.join(sys.argv)}`", ""]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    command = f"python -m {spec.name}" if spec else f"python {sys.argv[0]}"
+    parts = [f"# {title}", "", f"Command: `{' '.join([command, *sys.argv[1:]])}`", ""]
     parts += ["| fact | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts.items()]
     for heading, body in sections:
         parts += ["", f"## {heading}", "", body]
