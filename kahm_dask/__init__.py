@@ -8,6 +8,7 @@ from kahm_dask.classifier import KAHMClassifier, class_matching_scores
 from kahm_dask.deep import DeepKAHM, WideKAHM
 from kahm_dask.kahm import KAHM, DegenerateWeightsWarning
 from kahm_dask.regularization import LambdaFixedPoint, solve_lambda
+from kahm_dask.federated import FederatedClassifier, Site, SiteAnswer, combine, split_sites
 
 __all__ = [
     "KAHM",
@@ -18,6 +19,11 @@ __all__ = [
     "solve_lambda",
     "LambdaFixedPoint",
     "DegenerateWeightsWarning",
+    "FederatedClassifier",
+    "Site",
+    "SiteAnswer",
+    "combine",
+    "split_sites",
 ]
 
 __version__ = "0.1.0"

@@ -42,8 +42,31 @@ def _connect(cluster_cfg):
     return connect(cluster_cfg)
 
 
-def _fail(exc: Exception) -> None:
-    raise click.ClickException(f"{type(exc).__name__}: {exc}")
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors reported as a one-line message (exit code 1) instead of a traceback.
+
+    ``OSError`` covers missing files, unreachable schedulers and full disks;
+    ``KilledWorker`` a task whose worker processes died ``allowed-failures + 1`` times.
+    """
+    from distributed.scheduler import KilledWorker
+
+    return (ValueError, TypeError, OSError, KilledWorker)
+
+
+_RESUME_HINT = (" Finished clusters are kept (each is written atomically): rerun the same command "
+                "to resume.")
+
+
+def _fail(exc: BaseException, *, resumable: bool = False) -> None:
+    from distributed.scheduler import KilledWorker
+
+    hint = ""
+    if isinstance(exc, KilledWorker):
+        hint = (" Worker processes died while running this task (out of memory, or killed);"
+                " give the workers more memory (--memory-limit) or fewer threads.")
+    if resumable and not isinstance(exc, (ValueError, TypeError)):
+        hint += _RESUME_HINT
+    raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}")
 
 
 @click.group()
@@ -78,7 +101,7 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
     src = tuple(s.strip() for s in source.split(",")) if "," in source else source
     try:
         ds = ingest_store(src, store, chunk_rows=chunk_rows, dtype=dtype, overwrite=overwrite)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:
+    except _user_errors() as exc:
         _fail(exc)
     click.echo(f"{store}: {ds.n_samples} rows × {ds.n_features} features, classes {list(ds.classes)}")
 
@@ -102,24 +125,36 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, d, dp_data,
           r_source, r_value, cluster_on, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
     """Train a model store MODEL from the dataset STORE: partition, then one task per cluster."""
-    from kahm_dask.pipeline.config import PrivacyConfig
+    from kahm_dask._validation import check_class_sizes
+    from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.store import open_dataset
     from kahm_dask.pipeline.tasks import TrainParams
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
     try:
         if r_source == "passes" and r_value is not None:
+            if not float(r_value).is_integer():
+                raise click.BadParameter(
+                    f"--r-source passes needs a whole number of passes, got {r_value}.",
+                    param_hint="--r-value")
             r_value = int(r_value)
+        # validate every argument before a cluster starts or a file is written
+        ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
         PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
-                      r_value=r_value, cluster_on=cluster_on)  # validates
+                      r_value=r_value, cluster_on=cluster_on)
         ds = open_dataset(store)
+        check_class_sizes(ds.class_counts)
+        if n_components > ds.n_features:
+            click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
+                       f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
+                       "dimensions (ALGORITHM.md §3.3).", err=True)
         params = TrainParams(n_components, n_layers, epsilon=epsilon, dp_data=dp_data,
                              r_source=r_source, r_value=r_value)
         settings = TrainSettings(params, seed=seed, delta=delta, d=d, block_size=block_size, cluster_on=cluster_on)
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
             summary = train_pipeline(ds, model, work or model.with_suffix(".work"), settings, client)
-    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
-        _fail(exc)
+    except _user_errors() as exc:
+        _fail(exc, resumable=True)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "clusters"}, indent=2))
 
 
@@ -130,14 +165,19 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
 @_cluster_options
 def predict(model, store, out, scheduler, cluster_config, n_workers, memory_limit) -> None:
     """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr)."""
+    from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import predict_to_store
     from kahm_dask.pipeline.store import open_dataset
 
     try:
         ds = open_dataset(store)
+        n_features = read_manifest(model)["n_features"]  # check both before a cluster starts
+        if ds.n_features != n_features:
+            raise ValueError(f"{store} has {ds.n_features} features; the model {model} expects "
+                             f"{n_features}. Predict rows with the features it was trained on.")
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
             predict_to_store(model, ds.X(), out, client, progress=True)
-    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
+    except _user_errors() as exc:
         _fail(exc)
     click.echo(f"predictions for {ds.n_samples} rows written to {out}")
 
@@ -163,7 +203,7 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
                 model, predictions, open_dataset(train_store), open_dataset(test_store),
                 membership=membership, max_train_rows=max_train_rows, seed=seed,
             )
-    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
+    except _user_errors() as exc:
         _fail(exc)
     click.echo(json.dumps(metrics, indent=2))
 
@@ -177,15 +217,24 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 def run(pipeline: Path, scheduler, cluster_config, output, no_progress: bool) -> None:
     """Run PIPELINE.yaml end to end: ingest → partition → train → predict → evaluate.
 
-    Writes <output>/report.json and <output>/report.md (with plots).
+    A file with a top-level `federation:` section runs the federated pipeline (one model per
+    site, global decision from the sites' minimum distances). Writes <output>/report.json and
+    <output>/report.md (with plots).
     """
-    from kahm_dask.pipeline.config import load_config
+    from kahm_dask.pipeline.config import load_config, load_yaml
+    from kahm_dask.pipeline.federated import (
+        connect_federated,
+        load_federated_config,
+        run_federated_pipeline,
+    )
     from kahm_dask.pipeline.run import run_pipeline
 
     if scheduler and cluster_config:
         raise click.UsageError("give at most one of --scheduler and --cluster-config.")
     try:
-        cfg = load_config(pipeline)
+        raw = load_yaml(pipeline)
+        federated = isinstance(raw, dict) and "federation" in raw
+        cfg = load_federated_config(pipeline) if federated else load_config(pipeline)
         overrides = {}
         if scheduler:
             overrides.update({"cluster.scheduler": scheduler, "cluster.config": None})
@@ -195,11 +244,12 @@ def run(pipeline: Path, scheduler, cluster_config, output, no_progress: bool) ->
             overrides["output"] = str(output)
         if overrides:
             cfg = cfg.with_overrides(**overrides)
-        with _connect(cfg.cluster) as client:
+        with (connect_federated(cfg) if federated else _connect(cfg.cluster)) as client:
             click.echo(f"Dask dashboard: {client.dashboard_link}", err=True)
-            metrics = run_pipeline(cfg, client, progress=not no_progress)
-    except (ValueError, TypeError, FileNotFoundError, ConnectionError) as exc:
-        _fail(exc)
+            run_fn = run_federated_pipeline if federated else run_pipeline
+            run_fn(cfg, client, progress=not no_progress)
+    except _user_errors() as exc:
+        _fail(exc, resumable=True)
     click.echo((Path(cfg.output) / "report.md").read_text())
 
 

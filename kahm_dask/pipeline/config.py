@@ -540,7 +540,7 @@ class PipelineConfig(Section):
         d = self.to_dict()
         for key, value in dotted.items():
             _set_dotted(d, key, value)
-        return PipelineConfig.from_dict(d, base_dir=Path.cwd(), origin="the overrides")
+        return type(self).from_dict(d, base_dir=Path.cwd(), origin="the overrides")
 
 
 def _with_cluster_config_resolved(d: Any, base_dir: Path) -> Any:

@@ -14,8 +14,10 @@ ordinary pipeline file), splits its training rows into sites (``federation`` sec
     <output>/predictions.zarr                global decision: class code, min distance, site
     <output>/report.{json,md}
 
-Each site is trained with :func:`~kahm_dask.pipeline.train.train_pipeline` and seed
-``site_seed(seed, q)``. With ``federation.pin_sites: true`` every task of site q (training
+Each site is trained with :func:`~kahm_dask.pipeline.train.train_pipeline`: with an explicit
+``seed`` (experiments), site q uses ``site_seed(seed, q)``; with ``seed: null`` (the default)
+each site draws its own secret seed, kept in its work store. Reports never show the seed of a
+DP run. With ``federation.pin_sites: true`` every task of site q (training
 and its answers) carries the worker resource ``site{q}`` (``dask.annotate``), so it runs only
 on workers that advertise it; :func:`connect_federated` starts such a local cluster
 (:func:`site_cluster`: worker ``q mod n_workers`` holds site q).
@@ -82,6 +84,7 @@ __all__ = [
     "FederationConfig",
     "FederatedPipelineConfig",
     "load_federated_config",
+    "site_resource",
     "site_cluster",
     "connect_federated",
     "check_site_resources",
@@ -128,7 +131,8 @@ class FederationConfig(Section):
             if self.split == owner and value is None:
                 raise invalid_value(key, f"split '{owner}' needs it", value)
             if self.split != owner and value is not None:
-                raise invalid_value(key, f"only used with split '{owner}' (split is '{self.split}')", value)
+                reason = f"only used with split '{owner}' (split is '{self.split}')"
+                raise invalid_value(key, reason, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,12 +248,15 @@ def _pinned(q: int, pin: bool) -> Iterator[None]:
 
 
 def site_dir(sites_dir: Path, q: int) -> Path:
+    """Directory of site q: its data, work and model stores and its answers."""
     return Path(sites_dir) / f"site{q}"
 
 
 def _split_record(fed: FederationConfig, labels: np.ndarray, sites: list[np.ndarray]) -> dict:
+    """The split of a run as stored in ``sites.json`` (also compared on a rerun)."""
+    spec = ("sites", "split", "classes_per_site", "alpha", "split_seed")
     return {
-        "split": {k: getattr(fed, k) for k in ("sites", "split", "classes_per_site", "alpha", "split_seed")},
+        "split": {k: getattr(fed, k) for k in spec},
         "site_sizes": [int(r.size) for r in sites],
         "site_classes": [np.unique(labels[r]).tolist() for r in sites],
         "label_heterogeneity": label_heterogeneity(labels, sites),
@@ -258,9 +265,11 @@ def _split_record(fed: FederationConfig, labels: np.ndarray, sites: list[np.ndar
 
 
 def write_site_stores(
-    train: DatasetStore, sites: list[np.ndarray], sites_dir: Path, record: dict
+    train: DatasetStore, sites: list[np.ndarray], sites_dir: Path, record: dict, *,
+    pin: bool = False,
 ) -> list[DatasetStore]:
-    """Write ``sites_dir/site{q}/train.zarr`` with the pooled training rows ``sites[q]``.
+    """Write ``sites_dir/site{q}/train.zarr`` with the pooled training rows ``sites[q]``
+    (by site q's workers if ``pin``).
 
     ``record`` (the split) is kept in ``sites_dir.parent/sites.json``; a rerun reuses the
     stores of the same split (resume) and refuses a directory that holds another split.
@@ -280,7 +289,8 @@ def write_site_stores(
             stores.append(open_dataset(path))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            stores.append(write_dataset(path, X[rows], labels[rows], source=f"site{q}"))
+            with _pinned(q, pin):
+                stores.append(write_dataset(path, X[rows], labels[rows], source=f"site{q}"))
     return stores
 
 
@@ -406,11 +416,12 @@ def _evaluate(
     if not cfg.evaluate.membership:
         return metrics, None, None
     d_test = decision[MIN_DISTANCE][...]
-    rows = training_row_subset(train.n_samples, cfg.evaluate.max_train_rows, random_state=cfg.seed)
+    seed = cfg.data.split_seed  # public, as in the centralised run (the DP seed is secret)
+    rows = training_row_subset(train.n_samples, cfg.evaluate.max_train_rows, random_state=seed)
     d_train = federated_predict(
         model_paths, train.X()[rows], train.classes, "train", client, pin=cfg.federation.pin_sites
     ).min_distance.compute()
-    mia = membership_inference_from_distances(d_train, d_test, random_state=cfg.seed)
+    mia = membership_inference_from_distances(d_train, d_test, random_state=seed)
     attack = membership_attack_from_distances(d_train, d_test)
     metrics.update(
         mis=mia.mis, mis_norm=mia.mis_norm, median_distance=mia.median_distance,
@@ -448,7 +459,7 @@ def run_federated_pipeline(
     sites = split_sites(labels, fed.sites, fed.split, classes_per_site=fed.classes_per_site,
                         alpha=fed.alpha, random_state=fed.split_seed)
     record = _split_record(fed, labels, sites)
-    stores = write_site_stores(train, sites, out / "sites", record)
+    stores = write_site_stores(train, sites, out / "sites", record, pin=fed.pin_sites)
     t_ingest = time.perf_counter() - t0
 
     base = settings_from_config(cfg)
@@ -456,7 +467,8 @@ def run_federated_pipeline(
     t1 = time.perf_counter()
     for q, store in enumerate(stores):
         ts = time.perf_counter()
-        settings = dataclasses.replace(base, seed=site_seed(cfg.seed, q))
+        seed = None if cfg.seed is None else site_seed(cfg.seed, q)
+        settings = dataclasses.replace(base, seed=seed)
         part = None if site_partitions is None else site_partitions[q]
         summaries.append(train_site(q, store, site_dir(out / "sites", q), settings, client,
                                     partition=part, pin=fed.pin_sites, progress=progress))
@@ -468,7 +480,8 @@ def run_federated_pipeline(
     t2 = time.perf_counter()
     decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
                                  pin=fed.pin_sites)
-    group = _store_arrays(dataclasses.asdict(decision), out / "predictions.zarr", client)
+    arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
+    group = _store_arrays(arrays, out / "predictions.zarr", client)
     group.attrs["classes"] = list(train.classes)
     predict_s = time.perf_counter() - t2
     metrics, d_train, d_test = _evaluate(cfg, model_paths, train, test, group, client)
@@ -501,7 +514,7 @@ def run_federated_pipeline(
         "dp_data": p.dp_data if p.epsilon is not None else None,
         "n_components": cfg.model.n_components,
         "n_layers": cfg.model.n_layers,
-        "seed": cfg.seed,
+        "seed": "secret" if p.epsilon is not None else cfg.seed,
         "dashboard": getattr(client, "dashboard_link", None),
     }
     write_report(out, metrics, plots=cfg.report.plots, d_train=d_train, d_test=d_test)

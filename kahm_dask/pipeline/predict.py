@@ -45,7 +45,7 @@ def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:
     for entry in manifest["clusters"]:
         c, s = entry["class"], entry["cluster"]
         path = str(cluster_dir(model_path, c, s))
-        block = X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, name=f"kahm-dist-c{c}-s{s}")
+        block = X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, token=f"kahm-dist-c{c}-s{s}")
         per_class.setdefault(c, []).append(block)
     columns = [
         blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0)

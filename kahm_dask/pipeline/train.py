@@ -18,6 +18,7 @@ on the data owner's side; the model store holds only DP rows and models fitted o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.store import DatasetStore
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, TrainParams, train_cluster
 from kahm_dask.privacy.noise import add_blocked_optimal_noise
+
+log = logging.getLogger("kahm_dask")
 
 __all__ = ["TrainSettings", "resolve_seed", "noisy_array", "grouped_layout", "train_pipeline"]
 
@@ -139,6 +142,7 @@ def train_pipeline(
         ).to_zarr(str(noisy_path), overwrite=True, zarr_format=3)
         X_noisy = da.from_zarr(str(noisy_path))
 
+    stages = {"noise": time.perf_counter() - t0}
     if partition is None:
         cluster_source = X_noisy if (params.private and settings.cluster_on == "noisy") else X
         labels = partition_classes(
@@ -156,11 +160,15 @@ def train_pipeline(
         )
     else:
         labels = np.asarray(partition, dtype=np.int64)
+    stages["partition"] = time.perf_counter() - t0 - sum(stages.values())
+    log.info("partition: %d clusters in %.1f s", len(np.unique(np.c_[y, labels], axis=0)), stages["partition"])
     indexer, table = grouped_layout(y, labels)
     _write_grouped(X, indexer, work_path / GROUPED_X, chunk_rows)
     if X_noisy is not None:
         _write_grouped(X_noisy, indexer, work_path / GROUPED_X_NOISY, chunk_rows)
     t_prep = time.perf_counter() - t0
+    stages["grouping"] = t_prep - sum(stages.values())
+    log.info("grouped copy written in %.1f s", stages["grouping"])
 
     write_manifest(
         model_path,
@@ -190,6 +198,7 @@ def train_pipeline(
         "n_clusters": len(table),
         "n_resumed": sum(i["resumed"] for i in infos),
         "prepare_seconds": round(t_prep, 3),
+        "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
         "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
         "clusters": infos,
     }

@@ -67,7 +67,7 @@ cluster:
 """
 
 DEFAULTS = {
-    "seed": 0,
+    "seed": None,
     "data.test_source": None,
     "data.test_size": 0.3,
     "data.split_seed": 0,
@@ -382,7 +382,7 @@ def test_with_overrides_replaces_dotted_keys():
     )
     assert new.cluster.scheduler == "tcp://10.0.0.1:8786"
     assert new.privacy.epsilon == 1.0 and new.seed == 5
-    assert cfg.cluster.scheduler is None and cfg.seed == 0  # the original is unchanged
+    assert cfg.cluster.scheduler is None and cfg.seed is None  # the original is unchanged
     assert new.with_overrides() == new
 
 
@@ -397,7 +397,7 @@ def test_with_overrides_creates_optional_sections():
     [
         ({"model.n_componets": 3}, "unknown key 'model.n_componets' in the overrides"),
         ({"cluster.n_workers": 0}, "'cluster.n_workers' in the overrides.*>= 1"),
-        ({"seed.value": 1}, "cannot override 'seed.value'.*'seed' is a value"),
+        ({"name.value": 1}, "cannot override 'name.value'.*'name' is a value"),
         ({"privacy.r_source": "passes"}, "'privacy.r_value' in the overrides.*'passes'"),
     ],
 )
