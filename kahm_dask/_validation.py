@@ -7,6 +7,8 @@ early with a message naming the problem and the fix, never deep inside NumPy.
 from __future__ import annotations
 
 import numbers
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,10 @@ __all__ = [
     "check_positive_float",
     "check_probability",
     "check_n_features",
+    "check_label_types",
+    "check_class_sizes",
+    "check_n_components",
+    "check_finite_rows",
 ]
 
 
@@ -102,3 +108,81 @@ def check_n_features(n_features: int, expected: int, estimator: str) -> None:
             f"X has {n_features} features, but {estimator} is expecting {expected} features "
             "as input (the number of columns it was fitted on)."
         )
+
+
+def _label_kind(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, numbers.Number):
+        return "number"
+    if isinstance(value, (str, bytes)):
+        return "string"
+    return type(value).__name__
+
+
+def check_label_types(y: Any, name: str = "y") -> Any:
+    """Return ``y`` unchanged, or raise ``ValueError`` if its labels mix types.
+
+    ``[0, "a"]`` would become the strings ``["0", "a"]`` under ``np.asarray`` and an object
+    array of them is "unknown" to scikit-learn: both are ambiguous, so they are rejected with
+    the fix. Only lists, tuples and object arrays can mix types; typed arrays pass through.
+    """
+    if isinstance(y, np.ndarray) and y.dtype != object:
+        return y
+    if not isinstance(y, (list, tuple, np.ndarray)):
+        return y
+    values = np.asarray(y, dtype=object).ravel()
+    kinds = sorted({_label_kind(v) for v in values})
+    if len(kinds) > 1:
+        raise ValueError(
+            f"{name} mixes label types ({', '.join(kinds)}); the labels of a classifier must "
+            f"all be numbers or all be strings. Convert them to one type first, e.g. "
+            f"{name} = np.asarray({name}).astype(str)."
+        )
+    return y
+
+
+def check_class_sizes(counts: Mapping[Any, int], min_rows: int = 2) -> None:
+    """Raise ``ValueError`` naming every class with fewer than ``min_rows`` rows.
+
+    ``counts`` maps each class label to its number of rows (e.g. ``DatasetStore.class_counts``).
+    """
+    small = [label for label, n in counts.items() if n < min_rows]
+    if small:
+        sizes = ", ".join(f"{label!r}: {counts[label]}" for label in small)
+        raise ValueError(
+            f"class(es) {small} have fewer than {min_rows} samples ({sizes}); a KAHM needs at "
+            f"least {min_rows} samples per class. Remove these classes or add samples."
+        )
+
+
+def check_n_components(n_components: int, n_features: int, stacklevel: int = 2) -> None:
+    """Warn when ``n_components`` exceeds ``n_features``: the subspace is capped (§3.3, A10).
+
+    Not an error: every KAHM caps its dimension at ``min(n, N − 1, p, rank)`` per layer and
+    branch by design, and the default ``n_components=20`` must keep working on data with
+    fewer features (scikit-learn's estimator checks use 1 to 10 features).
+    """
+    if n_components > n_features:
+        warnings.warn(
+            f"n_components={n_components} exceeds the number of features ({n_features}); every "
+            f"KAHM subspace is capped at {n_features} dimensions (ALGORITHM.md §3.3). Set "
+            f"n_components <= {n_features} to silence this warning.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
+def check_finite_rows(X: np.ndarray, name: str = "X", row_offset: int = 0) -> np.ndarray:
+    """Return ``X``, or raise ``ValueError`` naming the first NaN/inf entry (row, column).
+
+    ``row_offset`` is added to the reported row (for blocks of a larger array).
+    """
+    finite = np.isfinite(X)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise ValueError(
+            f"{name} has a non-finite value at row {row_offset + int(row)}, column {int(col)}: "
+            f"{X[row, col]}. Remove or impute NaN/inf values before predicting."
+        )
+    return X

@@ -10,13 +10,15 @@ Layout (zarr v3, local filesystem)::
         layer{k}/{mean,components,explained_variance,codes,beta,kernel_eigenvalues}
         fabricated                   (N_cs, p) DP rows the model was fitted on (DP runs only)
 
-A cluster group is written under a temporary name and renamed into place, then marked
-complete, so a reader never sees half a cluster and a rerun skips finished ones (resume).
+A cluster group is written with its completion marker under a temporary name and renamed
+into place in one step, so a reader never sees half a cluster, a complete cluster is never
+replaced, and a rerun skips finished ones (resume).
 Only DP data (fabricated or noisy rows) and models fitted on them are ever written here.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -53,18 +55,36 @@ def cluster_dir(model_path: str | Path, c: int, s: int) -> Path:
 
 
 def cluster_done(model_path: str | Path, c: int, s: int) -> dict | None:
-    """The task info of a finished cluster, or None if it is absent or incomplete."""
-    marker = cluster_dir(model_path, c, s) / _COMPLETE
-    if not marker.exists():
+    """The task info of a finished cluster, or None if it is absent or incomplete.
+
+    An unreadable marker (a file damaged outside this library) counts as incomplete, so a
+    rerun retrains that cluster instead of failing.
+    """
+    return _read_marker(cluster_dir(model_path, c, s))
+
+
+def _read_marker(directory: Path) -> dict | None:
+    try:
+        info = json.loads((directory / _COMPLETE).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return json.loads(marker.read_text())
+    return info if isinstance(info, dict) else None
 
 
 def save_cluster(
     model_path: str | Path, c: int, s: int, model: DeepKAHM, info: dict, dp_rows: np.ndarray | None = None
 ) -> Path:
-    """Write one cluster's model (and DP rows) atomically; returns the cluster directory."""
+    """Write one cluster's model (and DP rows) atomically; returns the cluster directory.
+
+    The group *and its completion marker* are written under a temporary name, then the
+    directory is renamed into place: a reader sees no cluster or a complete one, never a
+    partial one. If the cluster is already complete (another execution of this pure task
+    won, e.g. a task re-run after its worker was presumed dead), the new copy is discarded:
+    a complete cluster is never deleted or replaced.
+    """
     final = cluster_dir(model_path, c, s)
+    if cluster_done(model_path, c, s) is not None:
+        return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex}"
     try:
@@ -79,16 +99,37 @@ def save_cluster(
         if dp_rows is not None:
             group.create_array("fabricated", data=np.ascontiguousarray(dp_rows))
         group.attrs.update({"deep": meta, "layers": scalars, "info": info})
-        if final.exists():  # an incomplete leftover of an interrupted run
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        marker_tmp = final / f".{_COMPLETE}.tmp"
-        marker_tmp.write_text(json.dumps(info))
-        os.replace(marker_tmp, final / _COMPLETE)
+        (tmp / _COMPLETE).write_text(json.dumps(info))
+        _commit(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _commit(tmp: Path, final: Path, attempts: int = 5) -> None:
+    """Rename the complete directory ``tmp`` to ``final`` unless a complete ``final`` exists.
+
+    ``rename`` of a directory onto a non-empty one fails atomically. An incomplete ``final``
+    (left by a writer of an older version killed between its rename and its marker) is moved
+    aside first; a complete one means another execution already committed the same result.
+    """
+    for _ in range(attempts):
+        try:
+            os.rename(tmp, final)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if _read_marker(final) is not None:
+            return
+        trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex}"
+        try:
+            os.rename(final, trash)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+    raise OSError(f"could not commit cluster {final}: other writers kept replacing it.")
 
 
 def load_cluster(path: str | Path) -> DeepKAHM:
@@ -106,9 +147,21 @@ def load_cluster(path: str | Path) -> DeepKAHM:
     return DeepKAHM.from_state(states, attrs["deep"])
 
 
-@lru_cache(maxsize=16)
 def cached_cluster(path: str) -> DeepKAHM:
-    """Per-process cache of loaded cluster models (prediction reads each many times)."""
+    """Per-process cache of loaded cluster models (prediction reads each many times).
+
+    Keyed by the path *and* the identity of its completion marker (inode, mtime, size), so
+    a long-lived worker reloads a cluster that was retrained at the same path.
+    """
+    try:
+        st = (Path(path) / _COMPLETE).stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"cluster model {path} is missing or incomplete.") from None
+    return _cached_cluster(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=16)
+def _cached_cluster(path: str, inode: int, mtime_ns: int, size: int) -> DeepKAHM:
     return load_cluster(path)
 
 
