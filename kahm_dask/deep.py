@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
 from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows, check_positive_int
-from kahm_dask.kahm import KAHM, principal_subspace
+from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, principal_subspace
 from kahm_dask.partition import (
     check_partition,
     default_min_cluster_size,
@@ -31,11 +31,19 @@ def layer_dimensions(n_components: int, n_layers: int) -> list[int]:
 
 
 def _running_min(best_g, best_img, best_idx, g, img, idx) -> None:
-    """Replace rows where ``g`` is strictly smaller (ties keep the earlier index)."""
+    """Replace rows where ``g`` is strictly smaller (ties keep the earlier index).
+
+    ``best_img`` and ``img`` may be None (distances only)."""
     better = g < best_g
     best_g[better] = g[better]
-    best_img[better] = img[better]
+    if best_img is not None:
+        best_img[better] = img[better]
     best_idx[better] = idx
+
+
+def _query_blocks(Yq: np.ndarray):
+    """Row blocks of at most EVAL_BLOCK_ROWS rows (cache/BLAS-sized, docs/performance.md)."""
+    return row_chunks(Yq.shape[0], EVAL_BLOCK_ROWS)
 
 
 class _BatchEvaluator(TransformerMixin, BaseEstimator):
@@ -159,13 +167,36 @@ class DeepKAHM(_BatchEvaluator):
         best_g = np.full(m, np.inf)
         best_img = np.full_like(Yq, np.nan)
         best_l = np.zeros(m, dtype=np.int64)
-        x = Yq
-        for l, layer in enumerate(self.layers_):
-            x, bad = layer._images(x)
-            g = np.linalg.norm(Yq - x, axis=1)
-            g[bad] = np.inf
-            _running_min(best_g, best_img, best_l, g, x, l)
+        for rows in _query_blocks(Yq):
+            self._block_into(Yq[rows], best_g[rows], best_img[rows], best_l[rows])
         return best_img, best_g, best_l
+
+    def _distance_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``Γ_D`` (eq. 55) and the selected layer, without keeping the images (cheaper)."""
+        m = Yq.shape[0]
+        best_g = np.full(m, np.inf)
+        best_l = np.zeros(m, dtype=np.int64)
+        for rows in _query_blocks(Yq):
+            self._block_into(Yq[rows], best_g[rows], None, best_l[rows])
+        return best_g, best_l
+
+    def _block_into(self, yq: np.ndarray, best_g, best_img, best_l) -> None:
+        """All L layers for one block of query rows (≤ EVAL_BLOCK_ROWS) while it is in cache.
+
+        Updates the running minimum (``best_*`` views, in place; ``best_img`` may be None).
+        Layer outputs alternate between two per-thread buffers: layer l reads layer l − 1's.
+        """
+        shape = yq.shape
+        x = yq
+        for l, layer in enumerate(self.layers_):
+            out = _buffer("layer-even" if l % 2 == 0 else "layer-odd", shape)
+            bad = layer._images_into(x, out)
+            layer._warn_degenerate(bad, x, stacklevel=4)
+            diff = np.subtract(yq, out, out=_buffer("diff", shape))
+            g = np.sqrt(_row_sq_norms(diff))
+            g[bad] = np.inf
+            _running_min(best_g, best_img, best_l, g, out, l)
+            x = out
 
 
 class WideKAHM(_BatchEvaluator):
@@ -265,7 +296,34 @@ class WideKAHM(_BatchEvaluator):
         best_g = np.full(m, np.inf)
         best_img = np.full_like(Yq, np.nan)
         best_s = np.zeros(m, dtype=np.int64)
-        for s, branch in enumerate(self.branches_):
-            img, g, _ = branch._evaluate_rows(Yq)
-            _running_min(best_g, best_img, best_s, g, img, s)
+        for rows in _query_blocks(Yq):
+            yq = Yq[rows]
+            k = yq.shape[0]
+            # the branch's own running minimum over its layers, then the minimum over branches
+            g_b, l_b = np.empty(k), np.empty(k, dtype=np.int64)
+            img_b = np.empty_like(yq)
+            for s, branch in enumerate(self.branches_):
+                g_b.fill(np.inf)
+                img_b.fill(np.nan)
+                branch._block_into(yq, g_b, img_b, l_b)
+                _running_min(best_g[rows], best_img[rows], best_s[rows], g_b, img_b, s)
         return best_img, best_g, best_s
+
+    def _distance_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``Γ_W`` (eq. 64) and the selected branch, without keeping the images (cheaper).
+
+        The minimum over branches of the minimum over layers is the minimum over all (branch,
+        layer) pairs, so one running minimum serves both; ties keep the lowest branch.
+        """
+        m = Yq.shape[0]
+        best_g = np.full(m, np.inf)
+        best_s = np.zeros(m, dtype=np.int64)
+        for rows in _query_blocks(Yq):
+            yq = Yq[rows]
+            k = yq.shape[0]
+            g_b, l_b = np.empty(k), np.empty(k, dtype=np.int64)
+            for s, branch in enumerate(self.branches_):
+                g_b.fill(np.inf)
+                branch._block_into(yq, g_b, None, l_b)
+                _running_min(best_g[rows], None, best_s[rows], g_b, None, s)
+        return best_g, best_s
