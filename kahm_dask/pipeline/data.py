@@ -24,23 +24,29 @@ __all__ = ["prepare_stores", "synthetic_blobs", "load_source"]
 
 def synthetic_blobs(
     n_samples: int, n_features: int, n_classes: int, *, seed: int, chunk_rows: int = 20_000,
-    dtype: str = "float64", separation: float = 6.0,
+    dtype: str = "float64", separation: float = 6.0, modes_per_class: int = 16,
 ) -> tuple[da.Array, np.ndarray]:
-    """Lazy Gaussian class blobs squashed to [0, 1]: X (N, p) dask array, y (N,) int64.
+    """Lazy class data squashed to [0, 1]: X (N, p) dask array, y (N,) int64.
 
-    Row block b is generated from ``child(SeedSequence(seed), 1, b)``: the data never exist
-    whole in memory, and any block can be regenerated alone.
+    Each class is a mixture of ``modes_per_class`` unit-variance Gaussian modes around a class
+    centre (class centres ``separation`` apart in RMS, modes half as far from their centre), so
+    the per-class k-means partition has structure to find. Row block b is generated from
+    ``child(SeedSequence(seed), 1, b)``: the data never exist whole in memory, and any block
+    can be regenerated alone.
     """
     root = np.random.SeedSequence(seed)
     rng = np.random.default_rng(child_seed_sequence(root, 0))
-    centres = rng.standard_normal((n_classes, n_features)) * (separation / np.sqrt(2.0 * n_features))
+    scale = separation / np.sqrt(2.0 * n_features)
+    centres = rng.standard_normal((n_classes, 1, n_features)) * scale
+    centres = centres + rng.standard_normal((n_classes, modes_per_class, n_features)) * (scale / 2)
     y = rng.integers(0, n_classes, size=n_samples).astype(np.int64)
+    mode = rng.integers(0, modes_per_class, size=n_samples)
     chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
 
     def block(block_info=None) -> np.ndarray:
         (start, stop), _ = block_info[None]["array-location"]
         g = np.random.default_rng(child_seed_sequence(root, 1, block_info[None]["chunk-location"][0]))
-        x = centres[y[start:stop]] + g.standard_normal((stop - start, n_features))
+        x = centres[y[start:stop], mode[start:stop]] + g.standard_normal((stop - start, n_features))
         return (1.0 / (1.0 + np.exp(-x / 4.0))).astype(dtype)
 
     X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))

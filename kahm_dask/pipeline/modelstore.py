@@ -23,7 +23,8 @@ import json
 import os
 import shutil
 import uuid
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -157,12 +158,30 @@ def cached_cluster(path: str) -> DeepKAHM:
         st = (Path(path) / _COMPLETE).stat()
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(f"cluster model {path} is missing or incomplete.") from None
-    return _cached_cluster(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    with _CACHE_LOCK:
+        model = _CACHE.get(key)
+        if model is not None:
+            _CACHE.move_to_end(key)
+            return model
+    model = load_cluster(path)
+    with _CACHE_LOCK:
+        _CACHE[key] = model
+        while len(_CACHE) > 1 and sum(_model_bytes(m) for m in _CACHE.values()) > MODEL_CACHE_BYTES:
+            _CACHE.popitem(last=False)
+    return model
 
 
-@lru_cache(maxsize=16)
-def _cached_cluster(path: str, inode: int, mtime_ns: int, size: int) -> DeepKAHM:
-    return load_cluster(path)
+#: Byte budget of the per-process model cache. A cluster model holds N_b × (p + 1) floats per
+#: distinct layer (33 MB for N_b = 1000, p = 4096), so a count-based cache can exhaust a worker.
+MODEL_CACHE_BYTES = int(os.environ.get("KAHM_DASK_MODEL_CACHE_MB", "128")) * 2**20
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+
+
+def _model_bytes(model: DeepKAHM) -> int:
+    layers = {id(layer): layer for layer in model.layers_}.values()
+    return sum(layer.beta_.nbytes + layer.codes_.nbytes + layer.components_.nbytes for layer in layers)
 
 
 def write_manifest(model_path: str | Path, manifest: dict) -> None:

@@ -1,0 +1,101 @@
+"""Larger-than-memory run: the pipeline on data bigger than the total worker memory.
+
+Runs ``pipelines/large_synthetic.yaml`` (or ``--pipeline``) on a LocalCluster of 2 workers
+capped at 1 GiB each, and records the data size, every stage's time, the peak resident memory
+of each worker process and whether any worker was lost (killed by the nanny for exceeding its
+memory limit, or crashed). Writes ``benchmarks/results/large.md``.
+
+    python -m benchmarks.bench_large [--pipeline pipelines/large_synthetic.yaml] [--n-samples N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from pathlib import Path
+
+from distributed.diagnostics import MemorySampler
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from benchmarks._harness import machine_facts, markdown_table, write_report
+from kahm_dask.pipeline.cluster import connect
+from kahm_dask.pipeline.config import load_config
+from kahm_dask.pipeline.run import run_pipeline
+
+
+class WorkerLosses(SchedulerPlugin):
+    """Counts workers removed from the scheduler during the run (killed or crashed)."""
+
+    name = "kahm-worker-losses"
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+        self.closing = False
+
+    def remove_worker(self, scheduler, worker, **kwargs) -> None:
+        if not self.closing:
+            self.removed.append(worker)
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--pipeline", type=Path, default=Path("pipelines/large_synthetic.yaml"))
+    ap.add_argument("--n-samples", type=int, help="override data.synthetic.n_samples")
+    ap.add_argument("--output", type=Path, help="override the run directory")
+    args = ap.parse_args(argv)
+
+    cfg = load_config(args.pipeline)
+    overrides = {}
+    if args.n_samples:
+        overrides["data.synthetic.n_samples"] = args.n_samples
+    if args.output:
+        overrides["output"] = str(args.output)
+    if overrides:
+        cfg = cfg.with_overrides(**overrides)
+    syn = cfg.data.synthetic
+    data_gib = syn.n_samples * syn.n_features * (4 if syn.dtype == "float32" else 8) / 2**30
+    facts = machine_facts(1)
+    t0 = time.perf_counter()
+    with connect(cfg.cluster) as client:
+        losses = WorkerLosses()
+        client.register_plugin(losses)
+        info = client.scheduler_info()["workers"]
+        limit_gib = sum(w["memory_limit"] for w in info.values()) / 2**30
+        sampler = MemorySampler()
+        with sampler.sample("cluster", interval=1.0):
+            metrics = run_pipeline(cfg, client, progress=False)
+        peaks = client.run(_peak_rss_mib)
+        removed = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins["kahm-worker-losses"].removed))
+        series = sampler.to_pandas()
+    total_s = time.perf_counter() - t0
+    rows = [
+        ["training data", f"{syn.n_samples - metrics['n_test']} × {syn.n_features} {syn.dtype}"],
+        ["data size (all rows)", f"{data_gib:.2f} GiB"],
+        ["total worker memory limit", f"{limit_gib:.2f} GiB ({len(info)} workers)"],
+        ["workers lost during the run", len(removed)],
+        ["peak RSS per worker (MiB)", ", ".join(f"{v:.0f}" for v in peaks.values())],
+        ["peak cluster memory, sampled (MiB)", f"{series['cluster'].max() / 2**20:.0f}"],
+        ["clusters trained", metrics["n_clusters"]],
+        ["ingest (generate + write) s", metrics["ingest_seconds"]],
+        ["train s (partition, grouping, tasks)", metrics["fit_seconds"]],
+        ["predict s", metrics["predict_seconds"]],
+        ["total s (with cluster start)", round(total_s, 1)],
+        ["test accuracy", round(metrics["accuracy"], 4)],
+        ["attack AUC", round(metrics.get("attack_auc", float("nan")), 4)],
+    ]
+    path = write_report(
+        "large",
+        "Larger-than-memory pipeline run",
+        facts,
+        [("Result", markdown_table(["quantity", "value"], rows))],
+    )
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
