@@ -5,10 +5,16 @@ S ← S − 1 until every cluster is large enough). The clustering itself is
 ``dask_ml.cluster.KMeans(init="k-means||")`` so that it scales to data larger than memory;
 ``oversampling_factor`` defaults to 2·K (the default of 2 finds too few candidate centres for
 large K, ARCHITECTURE.md). dask-ml's ``inertia_`` is not used.
+
+Cost note: dask-ml does not persist its input, so every Lloyd iteration re-reads the class's
+rows from Zarr; since a class's rows are spread over every chunk of the store, each iteration
+of each class reads the whole store. That is the bottleneck of larger-than-memory runs today
+(docs/design.md, "Known limits").
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import dask.array as da
@@ -19,6 +25,8 @@ from kahm_dask._random import child_seed_sequence
 from kahm_dask.partition import default_min_cluster_size, n_branches
 
 __all__ = ["partition_class", "partition_classes"]
+
+log = logging.getLogger("kahm_dask")
 
 
 def partition_class(
@@ -51,7 +59,9 @@ def partition_class(
         labels = np.asarray(km.labels_.compute() if hasattr(km.labels_, "compute") else km.labels_, dtype=np.int64)
         sizes = np.bincount(labels, minlength=S)
         if sizes.min() >= min_cluster_size:
+            log.info("k-means: %d rows into %d clusters (attempt %d)", N, S, attempt + 1)
             return labels
+        log.info("k-means: a cluster of %d rows < %d; retrying with S = %d", sizes.min(), min_cluster_size, S - 1)
         S -= 1
         attempt += 1
     return np.zeros(N, dtype=np.int64)
