@@ -1,0 +1,123 @@
+"""Interrupted runs: kill ``kahm-dask run`` mid-training, rerun the same command
+(issue item 3; docs/reliability.md §3).
+
+The rerun must resume — reuse the data stores, the secret seed and every complete cluster,
+recompute only the missing clusters — and give the same model and predictions, bit for bit,
+as an uninterrupted run. Between the kill and the rerun no half-written cluster may be
+readable. Two ways to die: SIGKILL of the whole process group (client, scheduler, nannies and
+workers at once, as when a batch job is killed) and SIGTERM of the main process only (the
+LocalCluster's workers are orphaned and must go away by themselves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zarr
+
+from kahm_dask.pipeline.modelstore import load_cluster
+
+from .conftest import (
+    BLAS_ENV,
+    RowScanner,
+    assert_same_fingerprint,
+    complete_clusters,
+    n_planned_clusters,
+    pipeline_yaml,
+    run_fingerprint,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _command(cfg: Path) -> list[str]:
+    return [sys.executable, "-m", "kahm_dask.cli", "run", str(cfg), "--no-progress"]
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of the process group ``pgid``."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry))
+    return alive
+
+
+@pytest.mark.parametrize("how", ["SIGKILL the process group", "SIGTERM the main process"])
+def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_fingerprint):
+    # SIGKILL case: `seed: null`, the default of real runs (the seed is entropy kept in
+    # <output>/work/secret_seed.json and reused on resume). The file is planted with the
+    # baseline's seed so that the result can be compared with the baseline.
+    secret_seed = how.startswith("SIGKILL")
+    cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", n_workers=2, seed=None if secret_seed else 11)
+    secret = tmp_path / "run" / "work" / "secret_seed.json"
+    if secret_seed:
+        secret.parent.mkdir(parents=True)
+        secret.write_text(json.dumps({"entropy": 11}))
+    model, pred = tmp_path / "run" / "model.zarr", tmp_path / "run" / "predictions.zarr"
+    env = {**os.environ, **BLAS_ENV}
+    with open(tmp_path / "first.log", "wb") as log:
+        proc = subprocess.Popen(_command(cfg), cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group: pgid == pid
+    try:
+        wait_for(lambda: complete_clusters(model) >= 2 or proc.poll() is not None, 600, "no cluster finished")
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
+        if how.startswith("SIGKILL"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        t_kill = time.monotonic()
+        wait_for(lambda: not _alive_in_group(proc.pid), 120, "orphaned worker processes kept running",
+                 interval=0.2)
+        print(f"\n{how}: every process of the run gone {time.monotonic() - t_kill:.1f} s after the kill")
+    finally:
+        if _alive_in_group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    planned, done = n_planned_clusters(model), complete_clusters(model)
+    print(f"{how}: {done}/{planned} clusters complete at the kill")
+    assert 1 <= done < planned, "the kill did not land mid-training"
+    assert secret.exists() == secret_seed
+    leftovers = []
+    for d in (model / "clusters").iterdir():  # nothing half-written is readable
+        if not (d / "_COMPLETE.json").exists():
+            assert d.name.startswith("."), f"{d.name} is visible but incomplete"
+            leftovers.append(d.name)
+            with pytest.raises(FileNotFoundError):
+                load_cluster(d)
+    print(f"{len(leftovers)} temporary cluster directories left by the killed writers")
+
+    with open(tmp_path / "second.log", "wb") as log:
+        rerun = subprocess.run(_command(cfg), cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               timeout=900)
+    assert rerun.returncode == 0, (tmp_path / "second.log").read_text()[-3000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["n_clusters_resumed"] == done and report["n_clusters"] == planned
+    resumed = run_fingerprint(model, pred)
+
+    # nothing released (leftovers of the killed writers included) holds a training row
+    train = zarr.open_array(str(tmp_path / "run" / "data" / "train.zarr" / "X"), mode="r")[...]
+    scanner = RowScanner(train)
+    assert scanner.in_tree(model) == {} and scanner.in_tree(pred) == {}
+
+    assert_same_fingerprint(baseline_fingerprint, resumed)
+    if secret_seed:
+        assert json.loads(secret.read_text()) == {"entropy": 11}
+        assert json.loads((tmp_path / "run" / "model.zarr" / "zarr.json").read_text()).get(
+            "attributes", {}).get("kahm_dask_model", {}).get("seed", "absent") is None
