@@ -26,6 +26,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from kahm_dask._batching import row_chunks
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import (
+    check_label_types,
+    check_n_components,
     check_positive_float,
     check_positive_int,
     check_probability,
@@ -206,7 +208,9 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             the class models (this is what the Dask pipeline does with dask-ml labels).
         """
         self._check_params()
+        y = check_label_types(y)
         X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2)
+        check_n_components(self.n_components, X.shape[1], stacklevel=2)
         check_classification_targets(y)
         self.classes_, y_idx = np.unique(y, return_inverse=True)
         counts = np.bincount(y_idx, minlength=len(self.classes_))

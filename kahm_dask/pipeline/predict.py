@@ -8,13 +8,18 @@ classes run blockwise too. Distances and predictions are written back to Zarr.
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from pathlib import Path
 
+import dask
 import dask.array as da
 import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
+from kahm_dask._validation import check_finite_rows
 from kahm_dask.pipeline.modelstore import cached_cluster, cluster_dir, read_manifest
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
@@ -33,6 +38,12 @@ def _cluster_block(x: np.ndarray, path: str) -> np.ndarray:
         return cached_cluster(path)._evaluate(np.ascontiguousarray(x, dtype=np.float64))[1]
 
 
+def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
+    """The block as float64, or ValueError naming the first NaN/inf (global row, column)."""
+    offset = block_info[0]["array-location"][0][0] if block_info else 0
+    return check_finite_rows(np.asarray(x, dtype=np.float64), "X", offset)
+
+
 def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:
     """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p)."""
     manifest = read_manifest(model_path)
@@ -40,7 +51,7 @@ def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:
         raise ValueError(
             f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
         )
-    X = X.rechunk({1: -1}).astype(np.float64)
+    X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64)
     per_class: dict[int, list[da.Array]] = {}
     for entry in manifest["clusters"]:
         c, s = entry["class"], entry["cluster"]
@@ -61,23 +72,41 @@ def predict_to_store(
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler. Returns the written group, whose attributes hold ``classes`` (the labels the
+    scheduler. Written under a temporary name and renamed into place when complete: a failed
+    job leaves the previous predictions untouched. Returns the written group, whose attributes hold ``classes`` (the labels the
     codes index).
     """
     D = class_distance_array(model_path, X)
     codes = D.argmin(axis=1).astype(np.int64)
-    group = zarr.open_group(str(out_path), mode="w", zarr_format=3)
-    d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
-    p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
-    job = da.store([D, codes], [d_arr, p_arr], lock=False, compute=False)
-    if client is None:
-        job.compute()
-    else:
-        futures = client.compute(job, retries=2)
-        if progress:
-            from distributed import progress as dask_progress
+    out = Path(out_path)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex}"
+    try:
+        group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
+        p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
+        job = da.store([D, codes], [d_arr, p_arr], lock=False, compute=False)
+        if client is None:
+            dask.compute(job)
+        else:
+            futures = client.compute(job, retries=2)
+            if progress:
+                from distributed import progress as dask_progress
 
-            dask_progress(futures, notebook=False)
-        client.gather(futures)
-    group.attrs["classes"] = read_manifest(model_path)["classes"]
-    return group
+                dask_progress(futures, notebook=False)
+            client.gather(futures)
+        group.attrs["classes"] = read_manifest(model_path)["classes"]
+        _replace_directory(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return zarr.open_group(str(out), mode="r", zarr_format=3)
+
+
+def _replace_directory(new: Path, final: Path) -> None:
+    """Put the complete directory ``new`` at ``final``; an old ``final`` is removed only after."""
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex}"
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, final)

@@ -31,6 +31,7 @@ import zarr
 
 from kahm_dask import __version__
 from kahm_dask._random import child_seed_sequence
+from kahm_dask._validation import check_class_sizes, check_n_components
 from kahm_dask.classifier import MODEL_STREAM, NOISE_STREAM, PARTITION_STREAM
 from kahm_dask.pipeline.modelstore import write_manifest
 from kahm_dask.pipeline.partition import partition_classes
@@ -123,6 +124,8 @@ def train_pipeline(
     ``partition`` : optional (N,) within-class cluster labels that replace the dask-ml
     k-means (used to compare with the in-memory classifier given the same labels).
     """
+    check_class_sizes(store.class_counts)
+    check_n_components(settings.params.n_components, store.n_features, stacklevel=2)
     t0 = time.perf_counter()
     params = settings.params
     model_path, work_path = Path(model_path), Path(work_path)
@@ -170,6 +173,23 @@ def train_pipeline(
     stages["grouping"] = t_prep - sum(stages.values())
     log.info("grouped copy written in %.1f s", stages["grouping"])
 
+    _check_same_settings(
+        model_path,
+        work_path,
+        {
+            "params": params.to_dict(),
+            "seed": seed,
+            "delta": settings.delta,
+            "d": settings.d,
+            "block_size": settings.block_size,
+            "s_rule": settings.s_rule,
+            "min_cluster_size": settings.min_cluster_size,
+            "cluster_on": settings.cluster_on,
+            "classes": list(store.classes),
+            "n_features": store.n_features,
+            "clusters": [list(row) for row in table],
+        },
+    )
     write_manifest(
         model_path,
         {
@@ -202,6 +222,30 @@ def train_pipeline(
         "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
         "clusters": infos,
     }
+
+
+def _check_same_settings(model_path: Path, work_path: Path, current: dict) -> None:
+    """Refuse to resume into a model store trained with other settings.
+
+    The run's settings (with its seed, hence kept in the private work directory) are stored in
+    ``<work>/settings.json``. If the model store already has clusters and the stored settings
+    are missing or differ, resuming would mix old clusters with new ones: raise instead.
+    """
+    path = work_path / "settings.json"
+    current = json.loads(json.dumps(current))
+    clusters_dir = model_path / "clusters"
+    has_clusters = clusters_dir.is_dir() and any(clusters_dir.iterdir())
+    if has_clusters:
+        stored = json.loads(path.read_text()) if path.exists() else None
+        if stored != current:
+            keys = sorted(k for k in current if stored is None or stored.get(k) != current[k])
+            raise ValueError(
+                f"model store {model_path} was trained with other settings ({', '.join(keys)}); "
+                "delete it or choose another output directory."
+            )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(current))
+    os.replace(tmp, path)
 
 
 def _run(tasks: list, client, progress: bool) -> list[dict]:

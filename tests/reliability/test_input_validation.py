@@ -2,8 +2,7 @@
 pipeline functions (issue item 1, docs/reliability.md §1).
 
 Every case is one row of a table: what is fed in, the exception, a pattern that must name the
-problem and, where the message can carry one, a pattern naming the fix. Cases that show a
-defect in a module this test suite does not own are strict xfails with a "BUG:" reason.
+problem and, where the message can carry one, a pattern naming the fix.
 Duplicate rows and constant features are not errors: they must train (λ* > 0 keeps
 K + λ*I positive definite).
 """
@@ -76,10 +75,6 @@ def _check(case: Case, ctx) -> None:
         assert re.search(case.fix, message, re.I), f"fix not named in: {message}"
 
 
-def _bug(reason: str):
-    return pytest.mark.xfail(strict=True, reason=f"BUG: {reason}")
-
-
 # --------------------------------------------------------------------------- the estimator
 
 ESTIMATOR = {
@@ -120,34 +115,22 @@ ESTIMATOR = {
 }
 
 MIXED_LIST = [0] * 20 + ["a"] * 20
-ESTIMATOR_BUGS = {
-    "mixed label types (list)": pytest.param(
-        Case(lambda f: _clf().fit(X, MIXED_LIST), ValueError, r"mixes label types", r"astype\(str\)"),
-        marks=_bug("KAHMClassifier.fit accepts y=[0, ..., 'a', ...]: np.asarray turns it into the "
-                   "strings '0' and 'a', so the model silently predicts '0' for label 0. Fix "
-                   "(classifier.py, fit): `y = check_label_types(y)` from kahm_dask._validation "
-                   "before validate_data."),
-    ),
-    "mixed label types (object array)": pytest.param(
-        Case(lambda f: _clf().fit(X, np.array(MIXED_LIST, dtype=object)), ValueError,
-             r"mixes label types", r"astype\(str\)"),
-        marks=_bug("an object array of ints and strings fails with scikit-learn's 'Unknown label "
-                   "type: unknown', which names neither the mix nor the fix. Same fix as above."),
-    ),
-}
+ESTIMATOR.update({
+    # np.asarray would turn these into the strings '0' and 'a' (the model would then predict
+    # '0' for label 0), or scikit-learn's 'Unknown label type: unknown' (naming neither).
+    "mixed label types (list)": Case(lambda f: _clf().fit(X, MIXED_LIST), ValueError,
+                                     r"mixes label types", r"astype\(str\)"),
+    "mixed label types (object array)": Case(
+        lambda f: _clf().fit(X, np.array(MIXED_LIST, dtype=object)), ValueError,
+        r"mixes label types", r"astype\(str\)"),
+})
 
 
-@pytest.mark.parametrize("case", list(ESTIMATOR.values()) + list(ESTIMATOR_BUGS.values()),
-                         ids=list(ESTIMATOR) + list(ESTIMATOR_BUGS))
+@pytest.mark.parametrize("case", list(ESTIMATOR.values()), ids=list(ESTIMATOR))
 def test_estimator_rejects(case, fitted):
     _check(case, fitted)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: n_components > n_features is silently capped (§3.3, decision A10). Capping is right "
-    "(an error would break the default n_components=20 on data with fewer features and "
-    "scikit-learn's estimator checks) but the user should be told. Fix (classifier.py, fit, "
-    "after validate_data): `check_n_components(self.n_components, X.shape[1])`."))
 def test_estimator_warns_when_n_components_exceeds_features():
     with pytest.warns(UserWarning, match=r"n_components=20 exceeds the number of features \(5\)"):
         KAHMClassifier(n_components=20, n_layers=2, random_state=0).fit(X, Y)
@@ -451,12 +434,6 @@ def test_pipeline_predict_feature_count_mismatch(stores):
         class_distance_array(stores / "m.zarr", da.from_array(X[0]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: train_pipeline does not check class sizes. A class with one row trains a one-point "
-    "KAHM without a word (non-private), or fails inside a cluster task after noise and "
-    "partition with 'Invalid Y_noisy: Found array with 1 sample(s)' (DP), retried 3 times. Fix "
-    "(train.py, train_pipeline, first line): `check_class_sizes(store.class_counts)` from "
-    "kahm_dask._validation."))
 @pytest.mark.parametrize("epsilon", [None, 1.0])
 def test_pipeline_rejects_a_single_row_class_up_front(stores, epsilon):
     with pytest.raises(ValueError, match=r"class\(es\) \[1\] have fewer than 2 samples"):
@@ -464,22 +441,12 @@ def test_pipeline_rejects_a_single_row_class_up_front(stores, epsilon):
                        TrainSettings(TrainParams(3, 2, epsilon=epsilon), seed=0), progress=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: train_pipeline caps n_components > n_features silently. Fix (train.py, "
-    "train_pipeline): `check_n_components(params.n_components, store.n_features)`."))
 def test_pipeline_warns_when_n_components_exceeds_features(stores):
     with pytest.warns(UserWarning, match="exceeds the number of features"):
         train_pipeline(open_store(stores / "s.zarr"), stores / "m.zarr", stores / "w",
                        TrainSettings(TrainParams(20, 2), seed=0), progress=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: predict_to_store on rows with NaN/inf (a dask array that did not come from a "
-    "validated store) silently returns distance +inf for every class and predicts class code "
-    "0. Fix (predict.py, class_distance_array, after the shape check): "
-    "`X = X.map_blocks(_finite_block, dtype=np.float64)` with `_finite_block(x, block_info="
-    "None)` calling `check_finite_rows(x, 'X', block_info[0]['array-location'][0][0])` from "
-    "kahm_dask._validation."))
 def test_predict_rejects_nan_rows(stores):
     from distributed import Client, LocalCluster
 
@@ -491,10 +458,6 @@ def test_predict_rejects_nan_rows(stores):
                              stores / "p.zarr", client)
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "BUG: predict_to_store(..., client=None) fails with AttributeError: 'tuple' object has no "
-    "attribute 'compute' (da.store(..., compute=False) of a list returns a tuple here). Fix "
-    "(predict.py): `dask.compute(job)` instead of `job.compute()`."))
 def test_predict_without_a_client(stores):
     train_pipeline(open_store(stores / "s.zarr"), stores / "m.zarr", stores / "w",
                    TrainSettings(TrainParams(3, 2), seed=0), progress=False)
