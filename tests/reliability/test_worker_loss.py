@@ -103,8 +103,9 @@ def test_worker_killed_mid_prediction(tmp_path, baseline_run):
         job = Background(lambda: predict_to_store(model, X, out, client))
 
         def written() -> int:
-            d = out / PREDICTIONS / "c"
-            return len(os.listdir(d)) if d.is_dir() else 0
+            # predictions are written under a temporary name and renamed when complete
+            dirs = list(out.parent.glob(f".{out.name}.tmp-*/{PREDICTIONS}/c")) + [out / PREDICTIONS / "c"]
+            return max((len(os.listdir(d)) for d in dirs if d.is_dir()), default=0)
 
         wait_for(lambda: written() >= 1 or not job.thread.is_alive(), 300, "no prediction chunk written")
         victim = None
