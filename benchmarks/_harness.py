@@ -252,3 +252,31 @@ def kahm_storage_bytes(clf) -> int:
             arrays, _ = layer.to_state()
             total += sum(a.nbytes for a in arrays.values())
     return total
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants
+    (e.g. the worker processes of a local Dask cluster)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+@contextmanager
+def blas_threads_loaded(n: int):
+    """Like :func:`blas_threads`, but first loads every BLAS/OpenMP library the project uses
+    (SciPy's own OpenBLAS, scikit-learn's OpenMP): threadpoolctl only limits libraries that
+    are already loaded when the block is entered."""
+    import scipy.linalg  # noqa: F401  (SciPy wheels bundle a second OpenBLAS)
+    import sklearn.cluster  # noqa: F401  (OpenMP of k-means)
+
+    with threadpool_limits(limits=n):
+        yield

@@ -1,0 +1,171 @@
+"""How fit and predict time grow with the number of training rows (10k, 60k, 600k synthetic).
+
+Synthetic Gaussian classes (``make_class_blobs``: C = 10, p = 50 by default, logistic-squashed),
+n = 20, L = 5, N_b = 1000, so the number of clusters grows like N/1000 and the fit should grow
+linearly in N (one O(N_b³) fit per cluster and layer, plus k-means); prediction on a fixed set
+of test rows also grows linearly (every query meets every cluster). Measured for the in-memory
+:class:`KAHMClassifier` (one BLAS thread) and for the Dask pipeline on a LocalCluster of 2
+single-threaded workers. Each (size, engine) runs in its own subprocess (its own peak RSS).
+
+    python -m benchmarks.perf_scaling [--sizes 10000 60000 600000] [--engines memory dask2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._harness import (
+    PeakTreeRSS,
+    blas_threads,
+    kahm_predict_flops,
+    machine_facts,
+    markdown_table,
+    matmul_rates,
+    timed_cpu,
+    write_report,
+)
+from kahm_dask.datasets import make_class_blobs
+
+ENGINES = ("memory", "dask1", "dask2")
+
+
+def _data(n: int, n_test: int, p: int):
+    X, y = make_class_blobs(n + n_test, p, 10, random_state=12345)
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+def run_memory(X, y, Xt, yt) -> dict:
+    import kahm_dask.classifier as classifier_module
+    from kahm_dask import KAHMClassifier
+
+    classifier_module.DISTANCE_CACHE_SIZE = 0
+    with blas_threads(1):
+        fit_s, fit_cpu, clf = timed_cpu(lambda: KAHMClassifier(20, 5, 1000, random_state=0).fit(X, y))
+        rate = matmul_rates()
+        pred_s, pred_cpu, D = timed_cpu(lambda: clf.class_distances(Xt))
+    pred = clf.classes_[np.argmin(D, axis=1)]
+    flops = kahm_predict_flops(clf, Xt.shape[0])
+    return {
+        "fit_s": fit_s, "fit_cpu_s": fit_cpu, "predict_s": pred_s, "predict_cpu_s": pred_cpu,
+        "accuracy": float(np.mean(pred == yt)), "n_clusters": int(clf.n_branches_.sum()),
+        "predict_gflops_cpu": flops / pred_cpu / 1e9, "matmul_gflops_cpu": rate[1],
+    }
+
+
+def run_dask(X, y, Xt, yt, n_workers: int) -> dict:
+    from kahm_dask.pipeline.cluster import connect
+    from kahm_dask.pipeline.config import ClusterConfig
+    from kahm_dask.pipeline.modelstore import read_manifest
+    from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
+    from kahm_dask.pipeline.store import write_dataset
+    from kahm_dask.pipeline.tasks import TrainParams
+    from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+
+    with tempfile.TemporaryDirectory(prefix="kahm-scaling-") as tmp:
+        tmp = Path(tmp)
+        train = write_dataset(tmp / "train.zarr", X, y)
+        test = write_dataset(tmp / "test.zarr", Xt, yt)
+        settings = TrainSettings(TrainParams(20, 5), seed=0, block_size=1000)
+        with connect(ClusterConfig(n_workers=n_workers, threads_per_worker=1, processes=True)) as client:
+            client.wait_for_workers(n_workers)
+            t0 = time.perf_counter()
+            train_pipeline(train, tmp / "model.zarr", tmp / "work", settings, client, progress=False)
+            fit_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            group = predict_to_store(tmp / "model.zarr", test.X(), tmp / "pred.zarr", client)
+            pred_s = time.perf_counter() - t0
+        pred = np.asarray(group.attrs["classes"])[group[PREDICTIONS][...]]
+        n_clusters = len(read_manifest(tmp / "model.zarr")["clusters"])
+    return {"fit_s": fit_s, "predict_s": pred_s, "accuracy": float(np.mean(pred.astype(np.int64) == yt)),
+            "n_clusters": n_clusters}
+
+
+def worker(engine: str, n: int, args) -> dict:
+    X, y, Xt, yt = _data(n, args.n_test, args.p)
+    with PeakTreeRSS() as rss:
+        out = run_memory(X, y, Xt, yt) if engine == "memory" else run_dask(X, y, Xt, yt, int(engine[4:]))
+    out.update(peak_rss_mib=rss.peak_mib, load_avg=os.getloadavg()[0])
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 60_000, 600_000])
+    ap.add_argument("--engines", nargs="*", default=["memory", "dask2"], choices=ENGINES)
+    ap.add_argument("--p", type=int, default=50)
+    ap.add_argument("--n-test", type=int, default=2000)
+    ap.add_argument("--name", default="perf_scaling", help="report name under benchmarks/results/")
+    ap.add_argument("--note", nargs="*", help="extra paragraphs for the report's notes")
+    ap.add_argument("--load", help="JSON of results already measured ({'engine/N': {...}}), not rerun")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        Path(args.out).write_text(json.dumps(worker(args.worker[0], int(args.worker[1]), args)))
+        return
+
+    with blas_threads(1):
+        facts = machine_facts(1)
+    rows = []
+    results: dict[str, dict] = json.loads(Path(args.load).read_text()) if args.load else {}
+    for engine in args.engines:
+        for n in args.sizes:
+            if f"{engine}/{n}" in results:
+                continue
+            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                out = f.name
+            subprocess.run(
+                [sys.executable, "-m", "benchmarks.perf_scaling", "--worker", engine, str(n), "--out", out,
+                 "--p", str(args.p), "--n-test", str(args.n_test)],
+                check=True, cwd=Path(__file__).resolve().parent.parent,
+            )
+            r = results[f"{engine}/{n}"] = json.loads(Path(out).read_text())
+            os.unlink(out)
+            print(engine, n, r, flush=True)
+    for engine in args.engines:
+        base = None
+        for n in args.sizes:
+            r = results.get(f"{engine}/{n}")
+            if r is None:  # not measured in this run
+                continue
+            base = base or r
+            rows.append([
+                engine if engine == "memory" else f"Dask, {engine[4:]} worker(s)", n, r["n_clusters"],
+                f"{r['fit_s']:.1f}", f"{r['fit_s'] / base['fit_s']:.1f}", f"{r['fit_s'] / r['n_clusters']:.2f}",
+                f"{r['fit_cpu_s']:.1f} ({r['fit_cpu_s'] / base['fit_cpu_s']:.1f})" if "fit_cpu_s" in r else "n/a",
+                f"{r['predict_cpu_s']:.2f} ({r['predict_cpu_s'] / base['predict_cpu_s']:.1f})" if "predict_cpu_s" in r else "n/a",
+                f"{r['predict_s']:.2f}", f"{r['predict_s'] / base['predict_s']:.1f}",
+                f"{r['accuracy']:.4f}", f"{r['peak_rss_mib']:.0f}",
+                f"{r['predict_gflops_cpu'] / r['matmul_gflops_cpu']:.2f}" if "predict_gflops_cpu" in r else "n/a",
+                f"{r['load_avg']:.1f}",
+            ])
+    table = markdown_table(
+        ["engine", "N train", "clusters", "fit s", "fit / smallest", "fit s per cluster",
+         "fit CPU s (/ smallest)", "predict CPU s (/ smallest)",
+         f"predict s ({args.n_test} rows)", "predict / smallest", "accuracy", "peak RSS MiB",
+         "predict FLOP-rate fraction (CPU time)", "load avg"], rows)
+    notes = (
+        f"Synthetic: `make_class_blobs(N + {args.n_test}, p={args.p}, C=10)`, n = 20, L = 5, N_b = 1000 "
+        "(clusters ≈ N/1000). In-memory: one BLAS thread, k-means by scikit-learn (10 restarts). Dask: "
+        "LocalCluster with single-threaded worker processes, dask-ml k-means||. 'fit / smallest' and "
+        "'predict / smallest' are ratios to the smallest N: linear growth means 6 and 60."
+    )
+    for extra_note in args.note or []:
+        notes += "\n\n" + extra_note
+    path = write_report(args.name, "Scaling with N: fit and predict time, 10k / 60k / 600k rows", facts,
+                        [("Results", table), ("Notes", notes),
+                         ("Raw results (JSON)", "```json\n" + json.dumps(results, indent=1) + "\n```")])
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
