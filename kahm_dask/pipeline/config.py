@@ -441,12 +441,15 @@ class PrivacyConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class PartitionConfig(Section):
-    """``partition``: dask-ml k-means|| per class (``oversampling_factor: null`` = 2·K)."""
+    """``partition``: dask-ml k-means|| per class (``oversampling_factor: null`` = 2·K);
+    a class is held in worker memory during its k-means when its rows take at most
+    ``persist_fraction`` of the workers' total memory limit (0: always re-read from Zarr)."""
 
     _key: ClassVar[str] = "partition"
     oversampling_factor: float | None = field(default=None, metadata=bound(gt=0))
     init_max_iter: int = field(default=5, metadata=bound(ge=1))
     max_iter: int = field(default=100, metadata=bound(ge=1))
+    persist_fraction: float = field(default=0.25, metadata=bound(ge=0, lt=1))
 
 
 @dataclass(frozen=True, kw_only=True)

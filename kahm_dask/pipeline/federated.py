@@ -70,7 +70,7 @@ from kahm_dask.pipeline.config import (
 from kahm_dask.pipeline.data import prepare_stores
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.run import settings_from_config
+from kahm_dask.pipeline.run import settings_fields, settings_from_config
 from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.membership import (
@@ -486,7 +486,6 @@ def run_federated_pipeline(
     predict_s = time.perf_counter() - t2
     metrics, d_train, d_test = _evaluate(cfg, model_paths, train, test, group, client)
 
-    p = cfg.privacy
     metrics = {
         "name": cfg.name,
         **metrics,
@@ -508,14 +507,7 @@ def run_federated_pipeline(
         "site_fit_seconds": site_seconds,
         "n_clusters": sum(s["n_clusters"] for s in summaries),
         "n_clusters_resumed": sum(s["n_resumed"] for s in summaries),
-        "epsilon": p.epsilon,
-        "delta": p.delta,
-        "d": p.d,
-        "dp_data": p.dp_data if p.epsilon is not None else None,
-        "n_components": cfg.model.n_components,
-        "n_layers": cfg.model.n_layers,
-        "seed": "secret" if p.epsilon is not None else cfg.seed,
-        "dashboard": getattr(client, "dashboard_link", None),
+        **settings_fields(cfg, client),
     }
     write_report(out, metrics, plots=cfg.report.plots, d_train=d_train, d_test=d_test)
     return metrics

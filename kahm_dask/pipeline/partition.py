@@ -6,15 +6,16 @@ S ← S − 1 until every cluster is large enough). The clustering itself is
 ``oversampling_factor`` defaults to 2·K (the default of 2 finds too few candidate centres for
 large K, ARCHITECTURE.md). dask-ml's ``inertia_`` is not used.
 
-Cost note: dask-ml does not persist its input, so every Lloyd iteration re-reads the class's
-rows from Zarr; since a class's rows are spread over every chunk of the store, each iteration
-of each class reads the whole store. That is the bottleneck of larger-than-memory runs today
-(docs/design.md, "Known limits").
+Cost: dask-ml does not persist its input, so every k-means|| round and Lloyd iteration
+re-reads the class's rows. The pipeline therefore clusters the class-grouped copy
+(:mod:`kahm_dask.pipeline.layout`), where a class is one contiguous slice of its own chunks,
+and holds a class in worker memory during its k-means when it fits the given budget.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import dask.array as da
@@ -68,9 +69,8 @@ def partition_class(
 
 
 def partition_classes(
-    X: da.Array,
-    y_codes: np.ndarray,
-    n_classes: int,
+    X_by_class: da.Array,
+    class_bounds: Sequence[tuple[int, int, int]],
     *,
     n_components: int,
     block_size: int,
@@ -80,22 +80,34 @@ def partition_classes(
     oversampling_factor: float | None = None,
     init_max_iter: int = 5,
     max_iter: int = 100,
+    persist_bytes: int = 0,
     max_concurrent_classes: int = 4,
 ) -> np.ndarray:
-    """Within-class cluster labels (N,) for every row of ``X`` (dask array (N, p)).
+    """Within-class cluster labels for every row of the class-grouped copy ``X_by_class``
+    (dask array (N, p), class code c in rows [start, stop) for each ``(c, start, stop)`` of
+    ``class_bounds``; :func:`~kahm_dask.pipeline.layout.class_layout`).
 
-    Class code c uses the seed ``child(seed, c)``; rows of class c get labels 0..S_c − 1.
+    Returns (N,) int64 labels in the copy's row order; class code c uses the seed
+    ``child(seed, c)`` and its rows get labels 0..S_c − 1. A class whose rows take at most
+    ``persist_bytes`` is held in (worker) memory while its k-means runs, so the Lloyd
+    iterations do not re-read it from Zarr; classes run concurrently only as far as their
+    held rows fit ``persist_bytes`` together.
     """
-    labels = np.zeros(X.shape[0], dtype=np.int64)
+    labels = np.zeros(X_by_class.shape[0], dtype=np.int64)
     mcs = min_cluster_size or default_min_cluster_size(n_components)
+    row_bytes = X_by_class.dtype.itemsize * X_by_class.shape[1]
+    jobs = [(c, a, b, n_branches(b - a, block_size, s_rule)) for c, a, b in class_bounds]
+    jobs = [job for job in jobs if job[3] > 1]
+    held = [(b - a) * row_bytes for _, a, b, _ in jobs if (b - a) * row_bytes <= persist_bytes]
+    concurrency = max_concurrent_classes if not held else persist_bytes // max(held)
 
-    def one_class(c: int) -> tuple[np.ndarray, np.ndarray | None]:
-        rows = np.flatnonzero(y_codes == c)
-        S = n_branches(rows.size, block_size, s_rule)
-        if S == 1:
-            return rows, None
-        return rows, partition_class(
-            X[rows],
+    def one_class(job: tuple[int, int, int, int]) -> None:
+        c, a, b, S = job
+        Xc = X_by_class[a:b]
+        if Xc.nbytes <= persist_bytes:
+            Xc = Xc.persist()
+        labels[a:b] = partition_class(
+            Xc,
             S,
             min_cluster_size=mcs,
             seed=child_seed_sequence(seed, c),
@@ -106,8 +118,6 @@ def partition_classes(
 
     # Classes are independent: fitting them concurrently overlaps dask-ml's per-iteration
     # scheduling latency (each Lloyd step is a small graph). Results do not depend on order.
-    with ThreadPoolExecutor(max_workers=max(1, min(n_classes, max_concurrent_classes))) as pool:
-        for rows, class_labels in pool.map(one_class, range(n_classes)):
-            if class_labels is not None:
-                labels[rows] = class_labels
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), concurrency, max_concurrent_classes))) as pool:
+        list(pool.map(one_class, jobs))
     return labels

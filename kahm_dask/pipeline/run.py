@@ -55,7 +55,24 @@ def settings_from_config(cfg) -> TrainSettings:
         oversampling_factor=part.oversampling_factor,
         init_max_iter=part.init_max_iter,
         kmeans_max_iter=part.max_iter,
+        kmeans_persist_fraction=part.persist_fraction,
     )
+
+
+def settings_fields(cfg, client) -> dict:
+    """The report fields that describe the run's privacy and model settings (the seed of a DP
+    run is reported as "secret": it is never written to a report)."""
+    p = cfg.privacy
+    return {
+        "epsilon": p.epsilon,
+        "delta": p.delta,
+        "d": p.d,
+        "dp_data": p.dp_data if p.epsilon is not None else None,
+        "n_components": cfg.model.n_components,
+        "n_layers": cfg.model.n_layers,
+        "seed": "secret" if p.epsilon is not None else cfg.seed,
+        "dashboard": getattr(client, "dashboard_link", None),
+    }
 
 
 def evaluate(
@@ -131,6 +148,7 @@ def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
         "name": cfg.name,
         **metrics,
         "fit_seconds": round(fit_s, 3),
+        "fit_stage_seconds": {**summary["stage_seconds"], "tasks": summary["train_seconds"]},
         "predict_seconds": round(predict_s, 3),
         "ingest_seconds": round(t_ingest, 3),
         "n_train": train.n_samples,
@@ -138,14 +156,7 @@ def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
         "n_features": train.n_features,
         "n_clusters": summary["n_clusters"],
         "n_clusters_resumed": summary["n_resumed"],
-        "epsilon": p.epsilon,
-        "delta": p.delta,
-        "d": p.d,
-        "dp_data": p.dp_data if p.epsilon is not None else None,
-        "n_components": cfg.model.n_components,
-        "n_layers": cfg.model.n_layers,
-        "seed": "secret" if p.epsilon is not None else cfg.seed,
-        "dashboard": getattr(client, "dashboard_link", None),
+        **settings_fields(cfg, client),
     }
     fabricated, test_rows = _report_samples(model_path, test) if p.epsilon is not None else ({}, {})
     write_report(out, metrics, plots=cfg.report.plots, fabricated=fabricated, test_rows=test_rows,

@@ -5,10 +5,15 @@ Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
 1. DP noise (Algorithm 1) blockwise, with the noise of global row block b drawn from
    ``child(root, 0, b)`` — bit-identical to the in-memory :class:`KAHMClassifier`;
    written to the work store (``X_noisy``, DP data).
-2. Per-class dask-ml k-means (``child(root, 1, c)``) on the original or the noisy rows.
-3. A cluster-grouped copy of X (and X_noisy): rows ordered by (class, cluster), original
-   order within a cluster, so each task reads one contiguous slice.
-4. One task per (class, cluster) (:func:`~kahm_dask.pipeline.tasks.train_cluster`); finished
+2. A class-grouped copy of X (and X_noisy) (:mod:`~kahm_dask.pipeline.layout`), so each
+   class is one contiguous slice.
+3. Per-class dask-ml k-means (``child(root, 1, c)``) on the original or the noisy rows of
+   the class-grouped copy, a class held in worker memory while it fits
+   ``kmeans_persist_fraction`` of the workers' memory.
+4. A cluster-grouped copy of X (and X_noisy), built from the class-grouped one: rows ordered
+   by (class, cluster), original order within a cluster, so each task reads one contiguous
+   slice.
+5. One task per (class, cluster) (:func:`~kahm_dask.pipeline.tasks.train_cluster`); finished
    clusters are skipped on a rerun (resume).
 
 The work store holds private data (X copy, cluster labels): it lives next to the data store,
@@ -33,6 +38,7 @@ from kahm_dask import __version__
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
 from kahm_dask.classifier import MODEL_STREAM, NOISE_STREAM, PARTITION_STREAM
+from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.modelstore import write_manifest
 from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.store import DatasetStore
@@ -41,7 +47,7 @@ from kahm_dask.privacy.noise import add_blocked_optimal_noise
 
 log = logging.getLogger("kahm_dask")
 
-__all__ = ["TrainSettings", "resolve_seed", "noisy_array", "grouped_layout", "train_pipeline"]
+__all__ = ["TrainSettings", "resolve_seed", "noisy_array", "train_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class TrainSettings:
     oversampling_factor: float | None = None
     init_max_iter: int = 5
     kmeans_max_iter: int = 100
+    kmeans_persist_fraction: float = 0.25
 
 
 def resolve_seed(seed: int | None, work_path: Path) -> int:
@@ -90,25 +97,6 @@ def noisy_array(X: da.Array, epsilon: float, delta: float, d: float, seed: np.ra
     return X.astype(np.float64).map_blocks(block, dtype=np.float64)
 
 
-def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[list[int]], list[tuple[int, int, int, int]]]:
-    """Row order of the grouped copy and the (c, s, start, stop) table of its groups.
-
-    Groups are sorted by class code, then cluster label; rows keep their original order.
-    """
-    order = np.lexsort((np.arange(len(y_codes)), labels, y_codes))
-    keys = np.stack([y_codes[order], labels[order]], axis=1)
-    starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
-    stops = np.r_[starts[1:], len(order)]
-    indexer = [order[a:b].tolist() for a, b in zip(starts, stops)]
-    table = [(int(keys[a, 0]), int(keys[a, 1]), int(a), int(b)) for a, b in zip(starts, stops)]
-    return indexer, table
-
-
-def _write_grouped(source: da.Array, indexer: list[list[int]], path: Path, chunk_rows: int) -> None:
-    grouped = da.shuffle(source, indexer, axis=0).rechunk((chunk_rows, source.shape[1]))
-    grouped.to_zarr(str(path), overwrite=True, zarr_format=3)
-
-
 def train_pipeline(
     store: DatasetStore,
     model_path: str | Path,
@@ -135,7 +123,6 @@ def train_pipeline(
     X = store.X()  # stored dtype (float32 halves memory and I/O); tasks compute in float64
     y = store.y()
     chunk_rows = X.chunks[0][0]
-    n_classes = len(store.classes)
 
     X_noisy = None
     if params.private:
@@ -146,12 +133,18 @@ def train_pipeline(
         X_noisy = da.from_zarr(str(noisy_path))
 
     stages = {"noise": time.perf_counter() - t0}
+    layout = class_layout(y)
+    by_class = {
+        name: write_grouped(source, layout.groups, work_path / f"{name}_by_class", chunk_rows)
+        for name, source in (("X", X), ("X_noisy", X_noisy)) if source is not None
+    }
+    stages["class_grouping"] = time.perf_counter() - t0 - sum(stages.values())
     if partition is None:
-        cluster_source = X_noisy if (params.private and settings.cluster_on == "noisy") else X
-        labels = partition_classes(
-            cluster_source,
-            y,
-            n_classes,
+        cluster_on = "X_noisy" if (params.private and settings.cluster_on == "noisy") else "X"
+        labels = np.empty(len(y), dtype=np.int64)
+        labels[layout.order] = partition_classes(
+            by_class[cluster_on],
+            layout.bounds,
             n_components=params.n_components,
             block_size=settings.block_size,
             s_rule=settings.s_rule,
@@ -160,15 +153,18 @@ def train_pipeline(
             oversampling_factor=settings.oversampling_factor,
             init_max_iter=settings.init_max_iter,
             max_iter=settings.kmeans_max_iter,
+            persist_bytes=_persist_bytes(settings.kmeans_persist_fraction, client),
         )
     else:
         labels = np.asarray(partition, dtype=np.int64)
     stages["partition"] = time.perf_counter() - t0 - sum(stages.values())
     log.info("partition: %d clusters in %.1f s", len(np.unique(np.c_[y, labels], axis=0)), stages["partition"])
-    indexer, table = grouped_layout(y, labels)
-    _write_grouped(X, indexer, work_path / GROUPED_X, chunk_rows)
-    if X_noisy is not None:
-        _write_grouped(X_noisy, indexer, work_path / GROUPED_X_NOISY, chunk_rows)
+    groups, table = grouped_layout(y, labels)
+    position = layout.position  # the cluster groups as rows of the class-grouped copies
+    groups = [position[g].tolist() for g in groups]
+    for name, out in (("X", GROUPED_X), ("X_noisy", GROUPED_X_NOISY)):
+        if name in by_class:
+            write_grouped(by_class[name], groups, work_path / out, chunk_rows)
     t_prep = time.perf_counter() - t0
     stages["grouping"] = t_prep - sum(stages.values())
     log.info("grouped copy written in %.1f s", stages["grouping"])
@@ -222,6 +218,20 @@ def train_pipeline(
         "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
         "clusters": infos,
     }
+
+
+def _persist_bytes(fraction: float, client) -> int:
+    """The memory a class's rows may take while held for its k-means: ``fraction`` of the
+    workers' total memory limit (with a client), or of the available memory (threads)."""
+    if fraction <= 0:
+        return 0
+    if client is not None:
+        limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
+        if limits and all(limits):
+            return int(fraction * sum(limits))
+    import psutil
+
+    return int(fraction * psutil.virtual_memory().available)
 
 
 def _check_same_settings(model_path: Path, work_path: Path, current: dict) -> None:

@@ -81,11 +81,12 @@ def test_dask_ml_partition_is_the_same_on_threads_one_and_two_workers():
     X, y = synthetic_blobs(600, 8, 1, seed=3, chunk_rows=150)  # one class, S = 2
     kw = dict(n_components=5, block_size=300, s_rule="round", min_cluster_size=None,
               seed=np.random.SeedSequence(17), init_max_iter=2, max_iter=10)
-    labels = [partition_classes(X, y, 1, **kw)]
+    bounds = [(0, 0, X.shape[0])]
+    labels = [partition_classes(X, bounds, **kw)]
     for n_workers in (1, 2):
         with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=":0") as cluster, \
                 Client(cluster):
-            labels.append(partition_classes(X, y, 1, **kw))
+            labels.append(partition_classes(X, bounds, **kw))
     assert labels[0].max() >= 1  # S = 2 clusters per class: k-means really ran
     for other in labels[1:]:
         np.testing.assert_array_equal(other, labels[0])
