@@ -68,8 +68,8 @@ class _BatchEvaluator(TransformerMixin, BaseEstimator):
         return self._evaluate(self._validate_queries(Yq))[0]
 
     def distance(self, Yq) -> np.ndarray:
-        """Distances ``Γ(y) = ‖y − F(y)‖`` of the query rows → (m,)."""
-        return self._evaluate(self._validate_queries(Yq))[1]
+        """Distances ``Γ(y) = ‖y − F(y)‖`` of the query rows → (m,) (images not kept)."""
+        return self._distance_rows(self._validate_queries(Yq))[0]
 
     def transform_with_distance(self, Yq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Outputs (m, p), distances (m,) and the selected layer/branch index (m,)."""

@@ -29,13 +29,14 @@ DISTANCES = "class_distances"
 
 
 def _cluster_block(x: np.ndarray, path: str) -> np.ndarray:
-    """Γ of the rows of one block under one cluster's DeepKAHM (Definition 4).
+    """Γ (m,) of the rows of one block (m, p) under one cluster's DeepKAHM (Definition 4).
 
-    Evaluated in sub-chunks of the model's ``chunk_size`` rows, so the temporaries stay
-    O(chunk_size · N_b) whatever the Zarr chunk size.
+    Evaluated in sub-blocks of query rows with all layers per sub-block while it is in cache,
+    without keeping the layer images, so the temporaries stay O(sub-block · (N_b + p))
+    whatever the Zarr chunk size; bit-identical to ``DeepKAHM.distance``.
     """
     with threadpool_limits(limits=1, user_api="blas"):
-        return cached_cluster(path)._evaluate(np.ascontiguousarray(x, dtype=np.float64))[1]
+        return cached_cluster(path)._distance_rows(np.ascontiguousarray(x, dtype=np.float64))[0]
 
 
 def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:

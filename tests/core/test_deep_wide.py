@@ -53,6 +53,16 @@ def test_oracle15_single_layer_is_kahm():
     np.testing.assert_array_equal(idx, 0)
 
 
+def test_distance_only_path_equals_the_distances_with_images():
+    """``distance`` (and the pipeline's per-cluster blocks) skip the images; the distances
+    must be bit-identical to those of ``transform_with_distance``, beyond one query block."""
+    Y = _data(2)
+    rng = np.random.default_rng(16)
+    Yq = np.concatenate([_queries(Y, rng) for _ in range(6)])
+    for model in (DeepKAHM(5, 3).fit(Y), WideKAHM(5, 2, block_size=60, random_state=0).fit(Y)):
+        np.testing.assert_array_equal(model.distance(Yq), model.transform_with_distance(Yq)[1])
+
+
 def test_oracle15_depth_monotone_and_nested_composition():
     """Oracle 15: Γ_{D_{Y,n,L}} is non-increasing in L and ≤ Γ_{A_{Y,n}}. The deep output is
     the nested composition M_l = A_{Y,n−l+1}(M_{l−1}) (eq. 51) of independently fitted
