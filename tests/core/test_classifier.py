@@ -9,16 +9,7 @@ from sklearn.model_selection import train_test_split
 
 from kahm_dask import KAHMClassifier, WideKAHM, class_matching_scores
 
-
-def _blobs(seed: int, n_train: int = 200, n_test: int = 100, p: int = 5, sigma: float = 1.0):
-    """Oracle 19 data: three Gaussian blobs in 5-D, centres pairwise 10σ apart."""
-    rng = np.random.default_rng(seed)
-    # three points of a regular simplex with side 10σ, rotated at random
-    Q, _ = np.linalg.qr(rng.normal(size=(p, p)))
-    centres = (10 * sigma / np.sqrt(2)) * Q[:3]
-    Xtr = np.vstack([c + sigma * rng.normal(size=(n_train, p)) for c in centres])
-    Xte = np.vstack([c + sigma * rng.normal(size=(n_test, p)) for c in centres])
-    return Xtr, np.repeat(np.arange(3), n_train), Xte, np.repeat(np.arange(3), n_test), centres
+from .._oracle_data import three_blobs as _blobs
 
 
 def _spiral(u: np.ndarray, c: int) -> np.ndarray:

@@ -26,6 +26,8 @@ from kahm_dask.privacy.fabrication import (
 )
 from kahm_dask.privacy.noise import add_optimal_noise
 
+from .._oracle_data import three_blobs as _blobs
+
 N_COMP = 5  # n of oracles 25-28
 DELTA, D = 1e-5, 1.0
 
@@ -51,16 +53,6 @@ def low_rank():
 
 def _noisy(Y: np.ndarray, eps: float, seed: int = 1) -> np.ndarray:
     return add_optimal_noise(Y, eps, DELTA, D, random_state=seed)
-
-
-def _blobs(seed: int, n_train: int = 200, n_test: int = 100, p: int = 5, sigma: float = 1.0):
-    """Oracle 19 data: three Gaussian blobs in 5-D, centres pairwise 10σ apart."""
-    rng = np.random.default_rng(seed)
-    Q, _ = np.linalg.qr(rng.normal(size=(p, p)))
-    centres = (10 * sigma / np.sqrt(2)) * Q[:3]
-    Xtr = np.vstack([c + sigma * rng.normal(size=(n_train, p)) for c in centres])
-    Xte = np.vstack([c + sigma * rng.normal(size=(n_test, p)) for c in centres])
-    return Xtr, np.repeat(np.arange(3), n_train), Xte, np.repeat(np.arange(3), n_test), centres
 
 
 # ---------------------------------------------------------------------------------------------
