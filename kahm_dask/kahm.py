@@ -279,6 +279,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         Y1[:, :p] = Y
         Y1[:, p] = 1.0
         C = U.T @ Y1  # (N, p + 1)
+        del Y1  # rebuilt block by block below: the fit holds at most Y, C, U and β at once
         s = float(np.einsum("ij,ij->", Y, Y)) / (p * N)
         if self.regularization is not None:
             lam, e_hat, n_iter = float(self.regularization), float("nan"), 0
@@ -307,20 +308,30 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.e_hat_ = e_hat
         self.n_iter_ = n_iter
         self.kernel_eigenvalues_ = mu
-        self.beta_ = U @ (C / (mu + lam)[:, None])
+        C /= (mu + lam)[:, None]  # in place: C is not needed afterwards
+        self.beta_ = U @ C
+        del C, U
         self.n_samples_fit_ = N
         self.n_features_in_ = p
         self._set_derived()
 
         # K (K + λI)^{-1} [Y | 1] = [Y | 1] − λ (K + λI)^{-1} [Y | 1]: one pass instead of a
-        # third N × N × (p + 1) GEMM (agrees with U diag(μ/(μ+λ)) C to ~1e-14, performance.md)
-        HY = Y1
-        HY -= lam * self.beta_
-        images, bad = self._ratio(HY)
-        gamma = np.linalg.norm(Y - images, axis=1)
-        gamma[bad] = np.inf
+        # third N × N × (p + 1) GEMM (agrees with U diag(μ/(μ+λ)) C to ~1e-14, performance.md),
+        # in row blocks so that the temporaries stay O(block · p).
+        images = np.empty_like(Y) if training_images else None
+        gamma = np.empty(N)
+        for rows in row_chunks(N, EVAL_BLOCK_ROWS):
+            HY = np.empty((rows.stop - rows.start, p + 1))
+            HY[:, :p] = Y[rows]
+            HY[:, p] = 1.0
+            HY -= lam * self.beta_[rows]
+            block_images, bad = self._ratio(HY)
+            gamma[rows] = np.linalg.norm(Y[rows] - block_images, axis=1)
+            gamma[rows][bad] = np.inf
+            if images is not None:
+                images[rows] = block_images
         self.training_error_ = float(gamma.sum())
-        return images if training_images else None
+        return images
 
     def _set_derived(self) -> None:
         """Quantities computed deterministically from the stored state."""

@@ -205,6 +205,8 @@ def train_pipeline(
             "versions": _versions(),
         },
     )
+    if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
+        client.run(_trim_memory)
     tasks = [
         dask.delayed(train_cluster, pure=True)(str(work_path), str(model_path), c, s, a, b, params)
         for c, s, a, b in table
@@ -218,6 +220,17 @@ def train_pipeline(
         "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
         "clusters": infos,
     }
+
+
+def _trim_memory() -> int:
+    """Return freed heap memory of this (worker) process to the OS (glibc ``malloc_trim``;
+    a no-op elsewhere), so the training tasks start from the worker's real baseline."""
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return 0
 
 
 def _persist_bytes(fraction: float, client) -> int:
