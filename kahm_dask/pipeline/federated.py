@@ -330,7 +330,8 @@ def site_answer_arrays(
     index = {label: code for code, label in enumerate(classes)}
     table = np.array([index[label] for label in site_classes], dtype=np.int64)
     D = class_distance_array(model_path, X)  # (m, C_q), never leaves the site's workers
-    return D.min(axis=1), D.argmin(axis=1).map_blocks(_global_codes, table, dtype=np.int64)
+    return D.min(axis=1), D.argmin(axis=1).map_blocks(_global_codes, table, dtype=np.int64,
+                                                      meta=np.empty((0,), np.int64))
 
 
 def _compute(job: Any, client: Client | None) -> None:
@@ -379,7 +380,7 @@ def federated_decision_arrays(answer_paths: Sequence[Path]) -> FederatedDecision
     rho, code = rho.rechunk({0: -1}), code.rechunk({0: -1})  # (Q, m), all sites per block
     dtypes = {"label": np.int64, "min_distance": np.float64, "site": np.int64}
     parts = {
-        part: da.map_blocks(_decision_block, rho, code, part, drop_axis=0, dtype=dtype)
+        part: da.map_blocks(_decision_block, rho, code, part, drop_axis=0, dtype=dtype, meta=np.empty((0,), dtype))
         for part, dtype in dtypes.items()
     }
     return FederatedDecision(**parts)

@@ -33,6 +33,8 @@ __all__ = ["scalable_kmeans_init", "partition_class", "partition_classes"]
 
 log = logging.getLogger("kahm_dask")
 
+_EMPTY = np.empty((0,))  # map_blocks meta: no call on an empty block to infer it
+
 
 def _nearest_sq_distance(x: np.ndarray, C: np.ndarray) -> np.ndarray:
     """Squared distance (m,) from each row of the block ``x`` (m, p) to its nearest row of
@@ -85,21 +87,22 @@ def scalable_kmeans_init(
     Xc = Xc.rechunk({1: -1})
     first = int(np.random.default_rng(child_seed_sequence(seed, 0)).integers(N))
     C = np.asarray(Xc[first : first + 1].compute(), dtype=np.float64)
-    d2 = Xc.map_blocks(_nearest_sq_distance, C, drop_axis=1, dtype=np.float64).compute()
+    d2 = Xc.map_blocks(_nearest_sq_distance, C, drop_axis=1, dtype=np.float64, meta=_EMPTY).compute()
     for r in range(rounds):
         phi = float(d2.sum())
         if phi == 0.0:
             break
         draws = Xc.map_blocks(_uniform_block, child_seed_sequence(seed, 1, r), drop_axis=1,
-                              dtype=np.float64).compute()
+                              dtype=np.float64, meta=_EMPTY).compute()
         kept = np.flatnonzero(oversampling_factor * d2 / phi > draws)
         if kept.size == 0:
             continue
         new = np.asarray(Xc[kept].compute(), dtype=np.float64)
         C = np.vstack([C, new])
-        d2 = np.minimum(d2, Xc.map_blocks(_nearest_sq_distance, new, drop_axis=1, dtype=np.float64).compute())
+        d2 = np.minimum(d2, Xc.map_blocks(_nearest_sq_distance, new, drop_axis=1, dtype=np.float64, meta=_EMPTY).compute())
     weights = np.bincount(
-        Xc.map_blocks(_nearest_index, C, drop_axis=1, dtype=np.int64).compute(), minlength=C.shape[0]
+        Xc.map_blocks(_nearest_index, C, drop_axis=1, dtype=np.int64, meta=_EMPTY.astype(np.int64)).compute(),
+        minlength=C.shape[0],
     ).astype(np.float64)
     if C.shape[0] <= n_clusters:
         extra = np.random.default_rng(child_seed_sequence(seed, 3)).choice(N, n_clusters, replace=False)

@@ -52,12 +52,15 @@ def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:
         raise ValueError(
             f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
         )
-    X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64)
+    X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
     per_class: dict[int, list[da.Array]] = {}
     for entry in manifest["clusters"]:
         c, s = entry["class"], entry["cluster"]
         path = str(cluster_dir(model_path, c, s))
-        block = X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, token=f"kahm-dist-c{c}-s{s}")
+        # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
+        # loads every cluster model in the client while the graph is built
+        block = X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+                             token=f"kahm-dist-c{c}-s{s}")
         per_class.setdefault(c, []).append(block)
     columns = [
         blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0)

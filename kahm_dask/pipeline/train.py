@@ -94,7 +94,7 @@ def noisy_array(X: da.Array, epsilon: float, delta: float, d: float, seed: np.ra
         start = block_info[0]["array-location"][0][0]
         return add_blocked_optimal_noise(x, epsilon, delta, d, seed, row_offset=start)
 
-    return X.astype(np.float64).map_blocks(block, dtype=np.float64)
+    return X.astype(np.float64).map_blocks(block, dtype=np.float64, meta=np.empty((0, 0)))
 
 
 def train_pipeline(

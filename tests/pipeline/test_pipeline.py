@@ -132,6 +132,23 @@ def test_resume_recomputes_only_missing_clusters(tmp_path, digits):
     np.testing.assert_array_equal(before, after)
 
 
+def test_building_the_prediction_graph_loads_no_model(tmp_path, digits, monkeypatch):
+    """Models are loaded by the tasks, on the workers: building the graph in the client
+    must not load any (dask infers a map_blocks meta by calling the function unless given)."""
+    import kahm_dask.pipeline.predict as predict_mod
+
+    labels = _within_class_partition(digits.X_train, digits.y_train, 300)
+    store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
+    settings = TrainSettings(TrainParams(10, 2), seed=3, block_size=300)
+    train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, partition=labels, progress=False)
+    loads = []
+    real = predict_mod.cached_cluster
+    monkeypatch.setattr(predict_mod, "cached_cluster", lambda path: loads.append(path) or real(path))
+    D = predict_mod.class_distance_array(tmp_path / "m.zarr", da.from_array(digits.X_test, chunks=(200, -1)))
+    assert loads == []
+    assert D.compute(scheduler="synchronous").shape == (digits.X_test.shape[0], 10) and loads
+
+
 def _write_pipeline(tmp_path: Path, extra: str = "") -> Path:
     cfg = tmp_path / "p.yaml"
     cfg.write_text(
