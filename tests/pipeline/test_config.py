@@ -413,3 +413,14 @@ def test_override_paths_are_relative_to_cwd(in_tmp):
     cfg = _from(MINIMAL).with_overrides(**{"cluster.config": "local.yaml", "output": "elsewhere"})
     assert cfg.cluster.config == in_tmp / "local.yaml"
     assert cfg.output == Path(os.getcwd()) / "elsewhere"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "pipelines").glob("*.yaml")))
+def test_shipped_pipeline_files_are_valid(name):
+    """Every pipeline file in pipelines/ loads and validates (the federated ones by their own
+    schema); file sources need not exist until the run ingests them."""
+    from kahm_dask.pipeline.federated import load_federated_config
+
+    path = Path(__file__).parents[2] / "pipelines" / name
+    cfg = (load_federated_config if name.startswith("federated") else load_config)(path)
+    assert cfg.name and cfg.output
