@@ -8,7 +8,7 @@ ALGORITHM.md §13) and the same settings (n = 20, L = 5, N_b = 1000), for
 * ``naive``     — :mod:`benchmarks.naive`, the paper's formulation (explicit inverse, explicit
   O(m·N²) weights) of the same model, on the project's own k-means branches;
 * ``dask1``, ``dask2`` — the Dask pipeline (train_pipeline + predict_to_store) on a
-  LocalCluster of 1 or 2 single-threaded worker processes (its k-means is dask-ml's, so its
+  LocalCluster of 1 or 2 single-threaded worker processes (its k-means is k-means|| + dask-ml Lloyd, so its
   branches and accuracy differ slightly).
 
 Every configuration runs in its own subprocess, so its peak RSS (process tree, Dask workers
