@@ -7,9 +7,9 @@ Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
    written to the work store (``X_noisy``, DP data).
 2. A class-grouped copy of X (and X_noisy) (:mod:`~kahm_dask.pipeline.layout`), so each
    class is one contiguous slice.
-3. Per-class dask-ml k-means (``child(root, 1, c)``) on the original or the noisy rows of
-   the class-grouped copy, a class held in worker memory while it fits
-   ``kmeans_persist_fraction`` of the workers' memory.
+3. Per-class k-means (k-means|| centres, then dask-ml's Lloyd iterations; ``child(root, 1, c)``)
+   on the original or the noisy rows of the class-grouped copy, a class held in worker memory
+   while it fits ``kmeans_persist_fraction`` of the workers' memory.
 4. A cluster-grouped copy of X (and X_noisy), built from the class-grouped one: rows ordered
    by (class, cluster), original order within a cluster, so each task reads one contiguous
    slice.
