@@ -39,9 +39,9 @@ class ClassLayout:
     bounds: tuple[tuple[int, int, int], ...]
 
     @property
-    def groups(self) -> list[list[int]]:
+    def groups(self) -> list[np.ndarray]:
         """The original row indices of every class, in copy order (a shuffle indexer)."""
-        return [self.order[a:b].tolist() for _, a, b in self.bounds]
+        return [self.order[a:b] for _, a, b in self.bounds]
 
     @property
     def position(self) -> np.ndarray:
@@ -61,23 +61,23 @@ def class_layout(y_codes: np.ndarray) -> ClassLayout:
     return ClassLayout(order, tuple((int(sorted_codes[a]), int(a), int(b)) for a, b in zip(starts, stops)))
 
 
-def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[list[int]], list[tuple[int, int, int, int]]]:
+def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
     """Row order of the cluster-grouped copy and the (c, s, start, stop) table of its groups.
 
     Groups are sorted by class code, then cluster label; rows keep their original order.
-    Returns the groups as lists of original row indices and the table.
+    Returns the groups as arrays of original row indices and the table.
     """
     order = np.lexsort((np.arange(len(y_codes)), labels, y_codes))
     keys = np.stack([y_codes[order], labels[order]], axis=1)
     starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
     stops = np.r_[starts[1:], len(order)]
-    indexer = [order[a:b].tolist() for a, b in zip(starts, stops)]
+    indexer = [order[a:b] for a, b in zip(starts, stops)]
     table = [(int(keys[a, 0]), int(keys[a, 1]), int(a), int(b)) for a, b in zip(starts, stops)]
     return indexer, table
 
 
-def write_grouped(source: da.Array, groups: list[list[int]], path: Path, chunk_rows: int) -> da.Array:
-    """Write ``source`` (N, p) with its rows in the order of ``groups`` (lists of row indices
+def write_grouped(source: da.Array, groups: list[np.ndarray], path: Path, chunk_rows: int) -> da.Array:
+    """Write ``source`` (N, p) with its rows in the order of ``groups`` (arrays of row indices
     of ``source``, concatenated) to a Zarr array at ``path`` with (chunk_rows, p) chunks;
     returns it as a dask array read back from Zarr.
 
@@ -85,7 +85,7 @@ def write_grouped(source: da.Array, groups: list[list[int]], path: Path, chunk_r
     each group in one chunk and would otherwise split the columns of the whole array, which
     the final row chunking would have to undo with an all-to-all rechunk.
     """
-    pieces = [g[i:i + chunk_rows] for g in groups for i in range(0, len(g), chunk_rows)]
+    pieces = [g[i:i + chunk_rows].tolist() for g in groups for i in range(0, len(g), chunk_rows)]
     grouped = da.shuffle(source, pieces, axis=0).rechunk((chunk_rows, source.shape[1]))
     grouped.to_zarr(str(path), overwrite=True, zarr_format=3)
     return da.from_zarr(str(path))

@@ -161,7 +161,7 @@ def train_pipeline(
     log.info("partition: %d clusters in %.1f s", len(np.unique(np.c_[y, labels], axis=0)), stages["partition"])
     groups, table = grouped_layout(y, labels)
     position = layout.position  # the cluster groups as rows of the class-grouped copies
-    groups = [position[g].tolist() for g in groups]
+    groups = [position[g] for g in groups]
     for name, out in (("X", GROUPED_X), ("X_noisy", GROUPED_X_NOISY)):
         if name in by_class:
             write_grouped(by_class[name], groups, work_path / out, chunk_rows)

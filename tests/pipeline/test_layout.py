@@ -47,7 +47,7 @@ def test_cluster_groups_through_the_class_grouped_copy_equal_the_direct_copy(tmp
     layout = class_layout(y)
     by_class = write_grouped(da.from_array(X, chunks=(64, 6)), layout.groups, tmp_path / "c", 64)
     groups, table = grouped_layout(y, labels)
-    composed = write_grouped(by_class, [layout.position[g].tolist() for g in groups], tmp_path / "g", 64)
+    composed = write_grouped(by_class, [layout.position[g] for g in groups], tmp_path / "g", 64)
     grouped = composed.compute()
     np.testing.assert_array_equal(grouped, X[np.concatenate(groups)])
     for c, s, a, b in table:
