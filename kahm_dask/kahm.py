@@ -326,8 +326,9 @@ class KAHM(TransformerMixin, BaseEstimator):
             HY[:, p] = 1.0
             HY -= lam * self.beta_[rows]
             block_images, bad = self._ratio(HY)
-            gamma[rows] = np.linalg.norm(Y[rows] - block_images, axis=1)
-            gamma[rows][bad] = np.inf
+            block_gamma = np.linalg.norm(Y[rows] - block_images, axis=1)
+            block_gamma[bad] = np.inf
+            gamma[rows] = block_gamma
             if images is not None:
                 images[rows] = block_images
         self.training_error_ = float(gamma.sum())
