@@ -9,11 +9,6 @@ row in any file the DP pipeline writes.
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import dask.array as da
@@ -33,45 +28,14 @@ from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
+from .._cluster import subprocess_cluster
+
 
 @pytest.fixture(scope="module")
 def scheduler_address(tmp_path_factory):
-    """A real `dask scheduler` and two `dask worker` processes on 127.0.0.1."""
-    tmp = tmp_path_factory.mktemp("cluster")
-    sched_file = tmp / "scheduler.json"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    dask_cmd = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
-    procs = [
-        subprocess.Popen(
-            dask_cmd + ["--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-    ]
-    try:
-        deadline = time.time() + 60
-        while not sched_file.exists() and time.time() < deadline:
-            time.sleep(0.1)
-        assert sched_file.exists(), "scheduler did not start"
-        for _ in range(2):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
-                     "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--memory-limit", "1GiB"],
-                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-            )
-        address = json.loads(sched_file.read_text())["address"]
-        with Client(address, timeout=30) as client:
-            client.wait_for_workers(2, timeout=60)
-        yield address
-    finally:
-        for p in procs[::-1]:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    """A real `dask scheduler` and two `dask worker` processes (with nannies) on 127.0.0.1."""
+    with subprocess_cluster(tmp_path_factory.mktemp("cluster"), 2, nanny=True) as cluster:
+        yield cluster.address
 
 
 @pytest.fixture(scope="module")

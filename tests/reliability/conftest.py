@@ -1,7 +1,7 @@
 """Shared helpers of the reliability tests (docs/reliability.md).
 
-* :func:`subprocess_cluster` — a real ``dask scheduler`` and worker processes started with
-  ``--no-nanny``, so that a SIGKILLed worker stays dead (a nanny would restart it);
+* :func:`sigkill` — kill a worker started by ``tests/_cluster.py:subprocess_cluster`` (which
+  starts them with ``--no-nanny``, so a SIGKILLed worker stays dead);
 * :func:`pipeline_yaml` — the synthetic DP pipeline used by the slow tests (≈ 20 cluster tasks
   of ≈ 250 rows, dask-ml k-means with S = 2 per class, ε = 2, fully post-processed);
 * :func:`run_fingerprint` — every array and attribute of a run's model store and predictions,
@@ -18,11 +18,7 @@ import pickle
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,70 +26,11 @@ import pytest
 import zarr
 from scipy.spatial import cKDTree
 
-BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+from .._objects import reachable_arrays
+
 
 
 # --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class SubprocessCluster:
-    address: str
-    scheduler: subprocess.Popen
-    workers: list[subprocess.Popen]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate the processes this test started (by their own pid), then kill stragglers."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-
-
-@contextmanager
-def subprocess_cluster(tmp: Path, n_workers: int = 2, memory_limit: str = "1GiB") -> Iterator[SubprocessCluster]:
-    """A scheduler and ``n_workers`` single-threaded worker processes without nannies."""
-    from distributed import Client
-
-    tmp.mkdir(parents=True, exist_ok=True)
-    sched_file = tmp / "scheduler.json"
-    env = {**os.environ, **BLAS_ENV}
-    log = open(tmp / "cluster.log", "ab")
-    scheduler = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--no-dashboard", "--scheduler-file", str(sched_file)],
-        env=env, stdout=log, stderr=log,
-    )
-    workers: list[subprocess.Popen] = []
-    try:
-        wait_for(sched_file.exists, 60, "the scheduler did not start")
-        for _ in range(n_workers):
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
-                 "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", memory_limit],
-                env=env, stdout=log, stderr=log,
-            ))
-        address = json.loads(sched_file.read_text())["address"]
-        with Client(address, timeout=30) as client:
-            client.wait_for_workers(n_workers, timeout=60)
-        yield SubprocessCluster(address, scheduler, workers)
-    finally:
-        _stop(workers[::-1] + [scheduler])
-        log.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, message: str, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s: {message}")
-        time.sleep(interval)
 
 
 def sigkill(proc: subprocess.Popen) -> None:
@@ -341,33 +278,9 @@ class RowScanner:
     def in_object(self, obj) -> set[int]:
         """The pickle of ``obj`` (raw bytes) and every float array reachable from it."""
         hits = self.in_bytes(pickle.dumps(obj))
-        for arr in _reachable_arrays(obj):
+        for arr in reachable_arrays(obj):
             hits |= self.in_array(arr)
         return hits
-
-
-def _reachable_arrays(obj, seen: set[int] | None = None) -> Iterator[np.ndarray]:
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, np.ndarray):
-        if obj.dtype == object:
-            for item in obj.ravel():
-                yield from _reachable_arrays(item, seen)
-        else:
-            yield obj
-        return
-    if isinstance(obj, dict):
-        items = list(obj.keys()) + list(obj.values())
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        items = list(obj)
-    elif hasattr(obj, "__dict__"):
-        items = list(vars(obj).values())
-    else:
-        return
-    for item in items:
-        yield from _reachable_arrays(item, seen)
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -22,17 +22,17 @@ from pathlib import Path
 import pytest
 import zarr
 
+from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.modelstore import load_cluster
 
+from .._cluster import wait_for
 from .conftest import (
-    BLAS_ENV,
     RowScanner,
     assert_same_fingerprint,
     complete_clusters,
     n_planned_clusters,
     pipeline_yaml,
     run_fingerprint,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow

@@ -28,11 +28,12 @@ from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
 from kahm_dask.pipeline import tasks as tasks_mod
 from kahm_dask.pipeline import train as train_mod
+from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import GROUPED_X, TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
-from .conftest import BLAS_ENV, RowScanner, run_fingerprint, assert_same_fingerprint
+from .conftest import RowScanner, assert_same_fingerprint, run_fingerprint
 
 
 @pytest.fixture(scope="module")

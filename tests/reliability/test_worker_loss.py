@@ -23,6 +23,7 @@ from distributed import Client
 from kahm_dask.pipeline.data import synthetic_blobs
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 
+from .._cluster import subprocess_cluster, wait_for
 from .conftest import (
     assert_same_fingerprint,
     complete_clusters,
@@ -31,8 +32,6 @@ from .conftest import (
     run_fingerprint,
     run_pipeline_file,
     sigkill,
-    subprocess_cluster,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow
