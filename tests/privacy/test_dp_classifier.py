@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ from kahm_dask.privacy.membership import (
     membership_inference_score,
 )
 from kahm_dask.privacy.noise import add_blocked_optimal_noise
+
+from .._objects import reachable_arrays
 
 EPS, DELTA, D = 2.0, 1e-5, 1.0
 N_COMP, N_LAYERS = 20, 5
@@ -74,29 +77,9 @@ def non_private(digits):
 # ---------------------------------------------------------------------------------------------
 
 
-def _float_arrays(obj, seen=None):
+def _float_arrays(obj) -> Iterator[np.ndarray]:
     """Every float64 ndarray reachable from ``obj`` through __dict__, lists, tuples, dicts."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, np.ndarray):
-        if obj.dtype == np.float64:
-            yield obj
-        elif obj.dtype == object:
-            for item in obj.ravel():
-                yield from _float_arrays(item, seen)
-        return
-    if isinstance(obj, dict):
-        items = list(obj.keys()) + list(obj.values())
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        items = list(obj)
-    elif hasattr(obj, "__dict__"):
-        items = list(vars(obj).values())
-    else:
-        return
-    for item in items:
-        yield from _float_arrays(item, seen)
+    return (arr for arr in reachable_arrays(obj) if arr.dtype == np.float64)
 
 
 def _leaked_rows(model, X: np.ndarray, tol: float = 1e-9) -> list[tuple[int, tuple]]:
