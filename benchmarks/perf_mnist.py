@@ -164,7 +164,6 @@ def run_dask(X, y, Xt, yt, args, n_workers: int) -> dict:
     from kahm_dask.pipeline.store import write_dataset
     from kahm_dask.pipeline.tasks import TrainParams
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
-    import zarr
 
     with tempfile.TemporaryDirectory(prefix="kahm-perf-") as tmp:
         tmp = Path(tmp)
