@@ -9,6 +9,7 @@ from kahm_dask.deep import DeepKAHM, WideKAHM
 from kahm_dask.kahm import KAHM, DegenerateWeightsWarning
 from kahm_dask.regularization import LambdaFixedPoint, solve_lambda
 from kahm_dask.federated import FederatedClassifier, Site, SiteAnswer, combine, split_sites
+from kahm_dask.privacy import PrivacyLedger, PrivacyLeakWarning
 
 __all__ = [
     "KAHM",
@@ -24,6 +25,8 @@ __all__ = [
     "SiteAnswer",
     "combine",
     "split_sites",
+    "PrivacyLeakWarning",
+    "PrivacyLedger",
 ]
 
 __version__ = "0.1.0"

@@ -91,13 +91,14 @@ def check_positive_float(value: Any, name: str) -> float:
     return value
 
 
-def check_probability(value: Any, name: str) -> float:
-    """Return ``value`` as float, or raise if it is not in the open interval (0, 1)."""
+def check_probability(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    """Return ``value`` as float, or raise if it is not in (0, 1) ([0, 1) with ``allow_zero``)."""
+    interval = "[0, 1)" if allow_zero else "(0, 1)"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number in (0, 1), got {value!r}.")
+        raise TypeError(f"{name} must be a number in {interval}, got {value!r}.")
     value = float(value)
-    if not (0.0 < value < 1.0):
-        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value}.")
+    if not ((0.0 <= value if allow_zero else 0.0 < value) and value < 1.0):
+        raise ValueError(f"{name} must lie in {interval}, got {value}.")
     return value
 
 

@@ -5,10 +5,10 @@ With ``epsilon`` set, every class model is built only on DP data: the noisy rows
 Algorithm 1 (``dp_data="noisy"``, Definition 12) or the rows fabricated from them
 (``dp_data="fabricated"``, the paper's proposal, §10–11).
 
-Seed streams (decision A26), all derived from one root ``SeedSequence(random_state)``:
-``child(root, 0)`` noise (row block b of X uses ``child(root, 0, b)``, so the noise of a row
-does not depend on the class split, the variant or the number of workers),
-``child(root, 1, c)`` the Remark 4 partition of class index c and ``child(root, 2, c)`` the
+The noise of a DP fit comes from the operating system's secure generator
+(:mod:`kahm_dask.privacy.noise`), never from ``random_state``. ``random_state`` seeds only what
+is not private, from one root ``SeedSequence(random_state)``: ``child(root, 1, c)`` the k-means
+partition of the fabrication (Remark 4) of class index c and ``child(root, 2, c)`` the
 classifier's k-means of class index c.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import uuid
 import weakref
 
 import numpy as np
@@ -35,13 +36,16 @@ from kahm_dask._validation import (
 from kahm_dask.deep import WideKAHM
 from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.partition import check_partition
+from kahm_dask.privacy.bounds import resolve_bounds
 from kahm_dask.privacy.fabrication import _check_fabrication_options, fabricate_partitioned
-from kahm_dask.privacy.noise import add_blocked_optimal_noise
+from kahm_dask.privacy.noise import GridLaplace
+from kahm_dask.privacy.randomness import as_noise_source
+from kahm_dask.privacy.statement import PrivacyStatement, warn_weakenings
 
-__all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "NOISE_STREAM", "PARTITION_STREAM", "MODEL_STREAM"]
+__all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "PARTITION_STREAM", "MODEL_STREAM"]
 
 DP_DATA = ("fabricated", "noisy")
-NOISE_STREAM, PARTITION_STREAM, MODEL_STREAM = 0, 1, 2
+PARTITION_STREAM, MODEL_STREAM = 1, 2
 
 #: How many recent ``class_distances`` results each fitted classifier keeps (0 disables), so
 #: that e.g. ``predict(X)`` after ``class_distances(X)`` (the membership score's pass over the
@@ -94,27 +98,39 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     block_size : int, default=1000
         N_b: a class of N_c rows gets S_c = max(1, round(N_c / N_b)) branches (§6).
     random_state : None, int, SeedSequence or Generator
-        Root seed of the noise and k-means streams (module docstring).
+        Seeds the k-means steps only (not private). The DP noise never depends on it.
     epsilon : float or None, default=None
-        None: the non-private model. Otherwise the privacy-loss bound ε > 0 of the
-        element-level (ε, δ)-DP guarantee for d-adjacent data (Definitions 10–11): one entry
-        of X changing by at most ``d``. A whole record of p features is covered at
-        (p·ε, p·δ) by basic composition. See docs/privacy.md.
-    delta : float, default=1e-5
-        δ in (0, 1): also the probability that an individual entry is released unperturbed.
-    d : float, default=1.0
-        Adjacency bound; use the public feature range (d = 1 for features in [0, 1]).
+        None: the non-private model. Otherwise ε > 0 of the element-level guarantee: the
+        release is ε-DP (or (ε, δ)-DP) for a change of one entry of X by at most ``d``.
+        A whole record of p features is covered at (p·ε, p·δ). See docs/privacy.md.
+    delta : float, default=0.0
+        δ in [0, 1): the probability that an entry is released without noise (the paper's
+        atom at 0). 0 gives pure ε-DP.
+    bounds : (lower, upper) or None, default=None
+        Public bounds of the features (scalars or (p,) arrays), known without looking at X;
+        X is clipped to them before noise. None with ``epsilon`` set: taken from X with a
+        :class:`~kahm_dask.privacy.randomness.PrivacyLeakWarning` (not covered).
+    d : float, (p,) array or None, default=None
+        Adjacency bound; None: the bound width ``upper − lower``.
     dp_data : {"fabricated", "noisy"}, default="fabricated"
-    r_source : {"private", "threshold", "passes"}, default="private"
-        Stopping rule of the fabrication (§10.2): the paper's r from the private rows (leaks
-        through M̃, decision A7), a public per-row error ``r_value``, or ``r_value`` passes.
+    r_source : {"passes", "threshold", "private"}, default="passes"
+        Stopping rule of the fabrication (docs/algorithm.md): a fixed number of smoother
+        passes ``r_value`` (default :data:`~kahm_dask.privacy.fabrication.DEFAULT_PASSES`),
+        a public per-row error ``r_value``, or the paper's r from the private rows (leaks:
+        warns with ``PrivacyLeakWarning``).
     r_value : float or int or None
-    cluster_on : {"original", "noisy"}, default="original"
-        Data the Remark 4 k-means partition is computed on (§10.3).
+    cluster_on : {"noisy", "original"}, default="noisy"
+        Rows the fabrication's k-means partition (Remark 4) is computed on; "original" (the
+        paper's order) partitions private rows and warns with ``PrivacyLeakWarning``.
     max_passes : int, default=100
         Cap of the smoother M_max.
     s_rule : {"round", "ceil"}; min_range : float or None; chunk_size : int; n_init : int
         See :class:`~kahm_dask.WideKAHM`.
+    ledger : :class:`~kahm_dask.privacy.ledger.PrivacyLedger` or None
+        Records the release of each DP fit, and refuses one beyond its budget.
+    insecure_noise_seed : int or None, default=None
+        Tests only: draws the noise from this seed, which voids the guarantee (anyone with
+        the seed removes the noise); warns with ``PrivacyLeakWarning``.
 
     Attributes
     ----------
@@ -124,18 +140,25 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     dp_data_ : dict label → (N_c, p) DP rows each class model was built on (releasable);
         only when ``epsilon`` is set
     fabrication_passes_ : dict label → list of M̃ per Remark 4 subset (fabricated only)
+    privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only)
     n_features_in_ : int
 
     Notes
     -----
-    With ``epsilon`` set, ``random_state`` is a secret of the data owner, like the data: it
-    determines the noise V, and ``dp_data_ − V`` would give the private rows back. So the
-    fitted class models keep no seed, and pickling a DP classifier (the usual way to release
-    it) stores ``random_state=None``. Use ``random_state=None`` (fresh OS entropy) unless a
-    reproducible run is needed, and never publish a seed used for a released DP model.
-
     ``predict_proba`` returns the class-matching scores normalised to sum to 1 per row. They
     rank classes like the distances do but are not calibrated probabilities.
+
+    Examples
+    --------
+    >>> from kahm_dask import KAHMClassifier
+    >>> from kahm_dask.datasets import load_bundled, split_and_scale
+    >>> split = split_and_scale(*load_bundled("digits"))
+    >>> clf = KAHMClassifier(n_layers=1, random_state=0).fit(split.X_train, split.y_train)
+    >>> round(clf.score(split.X_test, split.y_test), 2) >= 0.95
+    True
+    >>> dp = KAHMClassifier(n_layers=1, epsilon=2.0, bounds=(0, 1), random_state=0)
+    >>> dp.fit(split.X_train, split.y_train).privacy_statement_.weakenings
+    []
     """
 
     def __init__(
@@ -146,17 +169,20 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         random_state=None,
         *,
         epsilon: float | None = None,
-        delta: float = 1e-5,
-        d: float = 1.0,
+        delta: float = 0.0,
+        bounds=None,
+        d=None,
         dp_data: str = "fabricated",
-        r_source: str = "private",
+        r_source: str = "passes",
         r_value: float | int | None = None,
-        cluster_on: str = "original",
+        cluster_on: str = "noisy",
         max_passes: int = 100,
         s_rule: str = "round",
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
         n_init: int = 10,
+        ledger=None,
+        insecure_noise_seed: int | None = None,
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
@@ -164,6 +190,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.epsilon = epsilon
         self.delta = delta
+        self.bounds = bounds
         self.d = d
         self.dp_data = dp_data
         self.r_source = r_source
@@ -174,6 +201,8 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         self.min_range = min_range
         self.chunk_size = chunk_size
         self.n_init = n_init
+        self.ledger = ledger
+        self.insecure_noise_seed = insecure_noise_seed
 
     # ------------------------------------------------------------------ fitting
     def _check_params(self) -> None:
@@ -181,8 +210,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             check_positive_int(getattr(self, name), name)
         if self.epsilon is not None:
             check_positive_float(self.epsilon, "epsilon")
-            check_probability(self.delta, "delta")
-            check_positive_float(self.d, "d")
+            check_probability(self.delta, "delta", allow_zero=True)
             if self.dp_data not in DP_DATA:
                 raise ValueError(f"dp_data must be one of {DP_DATA}, got {self.dp_data!r}.")
             _check_fabrication_options(self.r_source, self.r_value, self.cluster_on)
@@ -222,13 +250,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         labels = None if partition is None else check_partition(partition, X.shape[0], 1)[0]
         root = as_seed_sequence(self.random_state)
         private = self.epsilon is not None
-        X_noisy = (
-            add_blocked_optimal_noise(
-                X, self.epsilon, self.delta, self.d, child_seed_sequence(root, NOISE_STREAM)
-            )
-            if private
-            else None
-        )
+        X_noisy = self._release(X) if private else None
         models, dp_rows, passes = [], {}, {}
         for c, label in enumerate(self.classes_):
             rows = y_idx == c
@@ -251,9 +273,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
                 )
             if private:
                 dp_rows[label] = data
-            model = self._wide(child_seed_sequence(root, MODEL_STREAM, c)).fit(data, partition=part)
-            model.random_state = None  # a stored seed stream would reveal the noise (see Notes)
-            models.append(model)
+            models.append(self._wide(child_seed_sequence(root, MODEL_STREAM, c)).fit(data, partition=part))
         with _distance_cache_lock:
             _distance_cache.pop(self, None)
         self.models_ = models
@@ -264,12 +284,35 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
                 self.fabrication_passes_ = passes
         return self
 
-    def __getstate__(self) -> dict:
-        """Pickled state; a DP classifier drops its noise seed (see Notes)."""
-        state = super().__getstate__()
-        if self.epsilon is not None:
-            state["random_state"] = None
-        return state
+    def _release(self, X: np.ndarray) -> np.ndarray:
+        """The DP release of X (clip, exact discrete noise), recorded in the ledger; sets
+        ``privacy_statement_``."""
+        lower, upper, bounds_source = resolve_bounds(self.bounds, X, stacklevel=3)
+        mechanism = GridLaplace(self.epsilon, lower, upper, delta=self.delta, d=self.d)
+        statement = PrivacyStatement.from_settings(
+            mechanism,
+            bounds_source,
+            dp_data=self.dp_data,
+            r_source=self.r_source,
+            cluster_on=self.cluster_on,
+            insecure_noise=self.insecure_noise_seed is not None,
+        )
+        warn_weakenings(statement.weakenings, stacklevel=4)
+        if self.ledger is not None:
+            self.ledger.check(mechanism.epsilon, mechanism.delta)
+        X_noisy = mechanism.release(X, as_noise_source(self.insecure_noise_seed))
+        if self.ledger is not None:
+            self.ledger.record(
+                mechanism.epsilon,
+                mechanism.delta,
+                release_id=uuid.uuid4().hex,
+                what=f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
+                unit="entry",
+                mechanism=mechanism.describe(),
+                bounds_source=bounds_source,
+            )
+        self.privacy_statement_ = statement
+        return X_noisy
 
     # --------------------------------------------------------------- evaluation
     def class_distances(self, X) -> np.ndarray:

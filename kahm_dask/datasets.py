@@ -14,12 +14,14 @@ from sklearn import datasets as _skd
 from sklearn.model_selection import train_test_split
 
 from kahm_dask._random import as_generator
+from kahm_dask.privacy.bounds import public_bounds
 
 __all__ = [
     "BUNDLED",
     "load_bundled",
     "Split",
     "split_and_scale",
+    "PUBLIC_BOUNDS",
     "MinMaxRange",
     "make_class_blobs",
     "make_spiral",
@@ -66,18 +68,30 @@ class Split(NamedTuple):
     y_test: np.ndarray
 
 
-def split_and_scale(X, y, *, test_size: float = 0.3, split_seed: int = 0, scale: bool = True) -> Split:
-    """§11 default: stratified seeded split, features scaled to [0, 1] by the training min/max.
+#: Public feature ranges of the bundled data sets that have one (digits: 4x4 pixel counts 0–16).
+PUBLIC_BOUNDS = {"digits": (0.0, 16.0)}
 
-    Test values may fall slightly outside [0, 1]. The training min/max are themselves private
-    data; where a feature's range is publicly known, scale with it instead.
+
+def split_and_scale(
+    X, y, *, test_size: float = 0.3, split_seed: int = 0, scale: bool = True, bounds=None
+) -> Split:
+    """Stratified seeded split; with ``scale``, features mapped to [0, 1].
+
+    ``bounds=(lower, upper)`` (public, scalars or per-feature arrays) scale by
+    ``(x − lower) / (upper − lower)``: no private statistic is used. Without them, by the
+    training split's min/max, which are themselves private data (test values may then fall
+    slightly outside [0, 1]).
     """
     Xtr, Xte, ytr, yte = train_test_split(
         np.asarray(X, dtype=np.float64), np.asarray(y), test_size=test_size, stratify=y,
         random_state=split_seed,
     )
     if scale:
-        rng = MinMaxRange.fit(Xtr)
+        if bounds is not None:
+            lower, upper = public_bounds(bounds, Xtr.shape[1])
+            rng = MinMaxRange(lower, upper - lower)
+        else:
+            rng = MinMaxRange.fit(Xtr)
         Xtr, Xte = rng.apply(Xtr), rng.apply(Xte)
     return Split(Xtr, Xte, ytr, yte)
 

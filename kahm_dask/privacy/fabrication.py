@@ -5,10 +5,11 @@ image, repeatedly (decision A2): ``Ŷ_0 = Y⁺_ε``, ``Ŷ_m = A_{Ŷ_{m−1},n}(�
 fabricated data ``Ỹ = F_n(Y⁺_ε, r)`` are the images after the smallest number of passes
 ``M̃`` whose modelling error does not exceed the original data's ``r`` (eqs. 100–106).
 
-Privacy: everything here is post-processing of ``Y⁺_ε`` *except* the stopping threshold
-``r``, which the paper computes from the private data (§10.2 caveat, decision A7), and, with
-``cluster_on="original"``, the partition of Remark 4. ``r_source`` and ``cluster_on`` avoid
-both; see docs/privacy.md.
+Privacy: with the defaults (``r_source="passes"``, ``cluster_on="noisy"``) everything here is
+post-processing of ``Y⁺_ε``. The paper's stopping threshold ``r`` is computed from the private
+rows (``r_source="private"``) and its Remark 4 partition from the private rows
+(``cluster_on="original"``): both leak beyond the noise and are options that warn;
+see docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -37,10 +38,14 @@ __all__ = [
     "fabricate_subset",
     "R_SOURCES",
     "CLUSTER_ON",
+    "DEFAULT_PASSES",
 ]
 
-R_SOURCES = ("private", "threshold", "passes")
-CLUSTER_ON = ("original", "noisy")
+R_SOURCES = ("passes", "threshold", "private")
+CLUSTER_ON = ("noisy", "original")
+#: Smoother passes M̃ of ``r_source="passes"`` when ``r_value`` is None (chosen by accuracy,
+#: docs/privacy.md "Choosing the defaults").
+DEFAULT_PASSES = 4
 
 
 class FabricationWarning(UserWarning):
@@ -133,9 +138,9 @@ def fabricate_partitioned(
     Y_noisy,
     n_components: int,
     *,
-    r_source: str = "private",
+    r_source: str = "passes",
     r_value: float | int | None = None,
-    cluster_on: str = "original",
+    cluster_on: str = "noisy",
     block_size: int = 1000,
     s_rule: str = "round",
     min_cluster_size: int | None = None,
@@ -148,8 +153,9 @@ def fabricate_partitioned(
 
     Y : (N, p) original private rows (used only for ``r_s`` and, with
     ``cluster_on="original"``, the partition); Y_noisy : (N, p) their noisy rows, aligned.
-    r_source : "private" (``r_s`` from the subset's original rows, the paper), "threshold"
-    (``r_s = r_value · N_s``, a public per-row error) or "passes" (a fixed M̃ = r_value).
+    r_source : "passes" (a fixed M̃ = r_value, default :data:`DEFAULT_PASSES`), "threshold"
+    (``r_s = r_value · N_s``, a public per-row error) or "private" (``r_s`` from the subset's
+    original rows, the paper; leaks).
     partition : optional (N,) labels replacing the k-means step.
 
     Returns Ỹ (N, p) with row i fabricated from row i of Y_noisy, the (N,) subset labels and
@@ -190,7 +196,7 @@ def fabricate_subset(
     Y_noisy_s: np.ndarray,
     n_components: int,
     *,
-    r_source: str = "private",
+    r_source: str = "passes",
     r_value: float | int | None = None,
     max_passes: int = 100,
     min_range: float | None = 1e-3,
@@ -201,7 +207,8 @@ def fabricate_subset(
     otherwise, so the private rows need not be loaded at all.
     """
     if r_source == "passes":
-        return fabricate(Y_noisy_s, n_components, n_passes=int(r_value), min_range=min_range)
+        n_passes = DEFAULT_PASSES if r_value is None else int(r_value)
+        return fabricate(Y_noisy_s, n_components, n_passes=n_passes, min_range=min_range)
     if r_source == "private":
         if Y_s is None:
             raise ValueError("r_source='private' needs the subset's original rows Y_s.")
@@ -218,7 +225,5 @@ def _check_fabrication_options(r_source: str, r_value, cluster_on: str) -> None:
         raise ValueError(f"cluster_on must be one of {CLUSTER_ON}, got {cluster_on!r}.")
     if r_source == "threshold" and (r_value is None or not np.isfinite(r_value) or r_value < 0):
         raise ValueError("r_source='threshold' needs r_value, a public per-row error >= 0.")
-    if r_source == "passes":
-        if r_value is None:
-            raise ValueError("r_source='passes' needs r_value, the fixed number of passes M̃ >= 1.")
+    if r_source == "passes" and r_value is not None:
         check_positive_int(r_value, "r_value (number of passes)")
