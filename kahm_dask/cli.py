@@ -46,11 +46,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors reported as a one-line message (exit code 1) instead of a traceback.
 
     ``OSError`` covers missing files, unreachable schedulers and full disks;
-    ``KilledWorker`` a task whose worker processes died ``allowed-failures + 1`` times.
+    ``KilledWorker`` a task whose worker processes died ``allowed-failures + 1`` times;
+    ``BudgetExceededError`` a DP release refused by the privacy ledger's budget.
     """
     from distributed.scheduler import KilledWorker
 
-    return (ValueError, TypeError, OSError, KilledWorker)
+    from kahm_dask.privacy.ledger import BudgetExceededError
+
+    return (ValueError, TypeError, OSError, KilledWorker, BudgetExceededError)
 
 
 _RESUME_HINT = (" Finished clusters are kept (each is written atomically): rerun the same command "
@@ -60,7 +63,12 @@ _RESUME_HINT = (" Finished clusters are kept (each is written atomically): rerun
 def _fail(exc: BaseException, *, resumable: bool = False) -> None:
     from distributed.scheduler import KilledWorker
 
+    from kahm_dask.privacy.ledger import BudgetExceededError
+
     hint = ""
+    if isinstance(exc, BudgetExceededError):
+        resumable = False
+        hint = " No noise was drawn."
     if isinstance(exc, KilledWorker):
         hint = (" Worker processes died while running this task (out of memory, or killed);"
                 " give the workers more memory (--memory-limit) or fewer threads.")
@@ -109,22 +117,34 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 @main.command()
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--work", type=click.Path(path_type=Path), help="Work directory (private side). Default: MODEL with suffix .work")
+@click.option("--work", type=click.Path(path_type=Path), help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
 @click.option("--n-components", type=int, default=20, show_default=True)
 @click.option("--n-layers", type=int, default=5, show_default=True)
 @click.option("--block-size", type=int, default=1000, show_default=True)
 @click.option("--epsilon", type=float, help="Privacy-loss bound ε per entry; omit for a non-private model.")
-@click.option("--delta", type=float, default=1e-5, show_default=True)
-@click.option("--d", "d", type=float, default=1.0, show_default=True, help="Adjacency bound (feature range).")
+@click.option("--delta", type=float, default=0.0, show_default=True, help="δ in [0, 1); 0 is pure ε-DP.")
+@click.option("--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
+              help="Public bounds of every feature of STORE, known without looking at the data; entries are "
+                   "clipped to them before noise. Default: the store's public feature range, else each "
+                   "feature's min/max (private: warns, and the privacy statement says so).")
+@click.option("--d", "d", type=float, default=None, help="Adjacency bound (largest change of one entry covered). Default: the bound width.")
 @click.option("--dp-data", type=click.Choice(["fabricated", "noisy"]), default="fabricated", show_default=True)
-@click.option("--r-source", type=click.Choice(["private", "threshold", "passes"]), default="private", show_default=True)
-@click.option("--r-value", type=float, help="Per-row threshold (threshold) or number of passes (passes).")
-@click.option("--cluster-on", type=click.Choice(["original", "noisy"]), default="original", show_default=True)
-@click.option("--seed", type=int, default=None, help="Root seed. Default: fresh entropy kept in the work directory. For DP runs an explicit seed is a secret: with it the noise can be subtracted.")
+@click.option("--r-source", type=click.Choice(["passes", "threshold", "private"]), default="passes", show_default=True,
+              help="Stopping rule of the fabrication; 'private' (the paper's r from the private rows) leaks.")
+@click.option("--r-value", type=float, help="Number of passes (passes; default 4) or per-row threshold (threshold).")
+@click.option("--cluster-on", type=click.Choice(["noisy", "original"]), default="noisy", show_default=True,
+              help="Rows the k-means partition runs on; 'original' (the private rows) leaks.")
+@click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
+              help="Privacy budget of STORE's ledger: refuse a release that would take the total beyond it.")
+@click.option("--seed", type=int, default=None, help="Seed of the k-means steps (not secret: the noise never depends on it). Default: drawn once and kept in the work directory.")
 @_cluster_options
-def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, d, dp_data,
-          r_source, r_value, cluster_on, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
-    """Train a model store MODEL from the dataset STORE: partition, then one task per cluster."""
+def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data,
+          r_source, r_value, cluster_on, budget, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
+    """Train a model store MODEL from the dataset STORE: DP release, partition, one task per cluster.
+
+    A DP run records its release in STORE's privacy ledger (STORE.privacy-ledger.json) and writes
+    the privacy statement to MODEL.PRIVACY.md (also in MODEL's manifest).
+    """
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.store import open_dataset
@@ -141,20 +161,32 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
         # validate every argument before a cluster starts or a file is written
         ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
         PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
-                      r_value=r_value, cluster_on=cluster_on)
+                      r_value=r_value, cluster_on=cluster_on, budget=None if budget is None else list(budget))
         ds = open_dataset(store)
         check_class_sizes(ds.class_counts)
+        if bounds is not None:
+            from kahm_dask.privacy.bounds import public_bounds
+
+            bounds = public_bounds(bounds, ds.n_features)
         if n_components > ds.n_features:
             click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
                        f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
-                       "dimensions (ALGORITHM.md §3.3).", err=True)
+                       "dimensions (docs/algorithm.md).", err=True)
         params = TrainParams(n_components, n_layers, epsilon=epsilon, dp_data=dp_data,
                              r_source=r_source, r_value=r_value)
-        settings = TrainSettings(params, seed=seed, delta=delta, d=d, block_size=block_size, cluster_on=cluster_on)
+        settings = TrainSettings(params, seed=seed, delta=delta, d=d, bounds=bounds, block_size=block_size,
+                                 cluster_on=cluster_on, budget=budget)
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
             summary = train_pipeline(ds, model, work or model.with_suffix(".work"), settings, client)
     except _user_errors() as exc:
         _fail(exc, resumable=True)
+    statement = summary.pop("privacy_statement_markdown", None)
+    if statement is not None:
+        from kahm_dask.report import ledger_markdown
+
+        path = model.with_name(model.name + ".PRIVACY.md")
+        path.write_text(statement + "\n" + ledger_markdown(summary["privacy"]["ledger"]))
+        click.echo(f"privacy statement: {path}", err=True)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "clusters"}, indent=2))
 
 
@@ -213,13 +245,17 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 @click.option("--scheduler", help="Address of a running Dask scheduler (overrides the file).")
 @click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A cluster_configs/*.yaml file (overrides the file).")
 @click.option("--output", type=click.Path(path_type=Path), help="Run directory (overrides the file).")
+@click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
+              help="Privacy budget of the training data's ledger (overrides privacy.budget).")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-def run(pipeline: Path, scheduler, cluster_config, output, no_progress: bool) -> None:
+def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: bool) -> None:
     """Run PIPELINE.yaml end to end: ingest → partition → train → predict → evaluate.
 
     A file with a top-level `federation:` section runs the federated pipeline (one model per
-    site, global decision from the sites' minimum distances). Writes <output>/report.json and
-    <output>/report.md (with plots).
+    site, global decision from the sites' minimum distances). A DP run writes what may be
+    published to <output>/public/ (model.zarr, PRIVACY.md, a plot of fabricated rows) and
+    everything computed on private rows to <output>/owner/ (report.json, report.md, plots,
+    predictions, data and work stores), which stays with the data owner.
     """
     from kahm_dask.pipeline.config import load_config, load_yaml
     from kahm_dask.pipeline.federated import (
@@ -242,6 +278,8 @@ def run(pipeline: Path, scheduler, cluster_config, output, no_progress: bool) ->
             overrides.update({"cluster.config": str(cluster_config), "cluster.scheduler": None})
         if output:
             overrides["output"] = str(output)
+        if budget:
+            overrides["privacy.budget"] = list(budget)
         if overrides:
             cfg = cfg.with_overrides(**overrides)
         with (connect_federated(cfg) if federated else _connect(cfg.cluster)) as client:
@@ -250,7 +288,20 @@ def run(pipeline: Path, scheduler, cluster_config, output, no_progress: bool) ->
             run_fn(cfg, client, progress=not no_progress)
     except _user_errors() as exc:
         _fail(exc, resumable=True)
-    click.echo((Path(cfg.output) / "report.md").read_text())
+    _echo_run_end(Path(cfg.output))
+
+
+def _echo_run_end(out: Path) -> None:
+    """Print the report, then where the public and the owner's folders are."""
+    from kahm_dask.pipeline.data import OWNER, PUBLIC
+
+    owner, public = out / OWNER, out / PUBLIC
+    report = owner / "report.md" if (owner / "report.md").exists() else out / "report.md"
+    click.echo(report.read_text())
+    if public.is_dir():
+        click.echo(f"Public folder (may be published: DP model store, PRIVACY.md): {public}")
+    if owner.is_dir():
+        click.echo(f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,19 +1,28 @@
-"""Run reports: ``report.json`` (metrics) and ``report.md`` with plots (face layer).
+"""Run reports (face layer): the owner's ``report.json`` and ``report.md``, and the publishable
+``PRIVACY.md`` and ``fabricated.png``.
 
-Plots use matplotlib's Agg backend (files only, no screen). They never show private training
-rows: fabricated (DP) samples are shown beside *test* rows of the same class, and distances
-only as histograms.
+The report is computed on private rows (accuracy on the private test split, membership metrics,
+distances, timings): it is written to the owner's folder and is never published. What may be
+published goes to the public folder: the privacy statement of the settings used (with the
+privacy ledger's total) and a plot of fabricated (DP) rows only. No picture of real rows is made
+anywhere. Plots use matplotlib's Agg backend (files only, no screen).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "write_privacy_statement", "ledger_markdown", "FABRICATED_PLOT", "STATEMENT_FILE"]
+
+#: The plot of fabricated rows in the public folder.
+FABRICATED_PLOT = "fabricated.png"
+#: The privacy statement in the public folder.
+STATEMENT_FILE = "PRIVACY.md"
 
 
 def _image_side(p: int) -> int | None:
@@ -21,27 +30,25 @@ def _image_side(p: int) -> int | None:
     return side if side * side == p and side >= 4 else None
 
 
-def _plot_samples(path: Path, fabricated: dict, test_rows: dict, side: int) -> None:
+def _plot_fabricated(path: Path, fabricated: dict, side: int, k: int = 4) -> None:
+    """A grid of fabricated (DP) rows, one class per line: no real row is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     classes = list(fabricated)[:10]
-    k = 4
-    fig, axes = plt.subplots(len(classes), 2 * k, figsize=(2 * k * 0.9, len(classes) * 0.95))
-    axes = np.atleast_2d(axes)
+    fig, axes = plt.subplots(len(classes), k, figsize=(k * 0.9, len(classes) * 0.95))
+    axes = np.atleast_2d(axes).reshape(len(classes), k)
     for i, c in enumerate(classes):
-        for j in range(2 * k):
+        rows = fabricated[c]
+        for j in range(k):
             ax = axes[i, j]
-            rows = fabricated[c] if j < k else test_rows.get(c, np.empty((0, side * side)))
-            idx = j % k
-            if idx < len(rows):
-                ax.imshow(rows[idx].reshape(side, side), cmap="gray_r")
+            if j < len(rows):
+                ax.imshow(np.asarray(rows[j]).reshape(side, side), cmap="gray_r")
             ax.set_xticks([]), ax.set_yticks([])
         axes[i, 0].set_ylabel(str(c), rotation=0, labelpad=10)
-    axes[0, 0].set_title("fabricated (DP)", loc="left", fontsize=8)
-    axes[0, k].set_title("test rows (not training data)", loc="left", fontsize=8)
+    axes[0, 0].set_title("fabricated (DP) rows only", loc="left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -61,10 +68,47 @@ def _plot_histograms(path: Path, d_train: np.ndarray, d_test: np.ndarray) -> Non
     ax.hist(d_test[np.isfinite(d_test)], bins=bins, alpha=0.6, density=True, label="test rows (non-members)")
     ax.set_xlabel("min over classes of Γ")
     ax.set_ylabel("density")
+    ax.set_title("owner only: distances of private rows", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def ledger_markdown(ledger: dict | None) -> str:
+    """The privacy ledger's total (a ``PrivacyLedger.summary()``) as a markdown section."""
+    if not ledger:
+        return ""
+    budget = ledger.get("budget")
+    budget_text = "no budget set" if budget is None else f"budget (ε, δ) = ({budget[0]:g}, {budget[1]:g})"
+    return (
+        "## Privacy spent on this data set\n\n"
+        f"{ledger['releases']} release(s) recorded in the data set's privacy ledger; total by basic "
+        f"composition: ε = {ledger['epsilon_total']:g}, δ = {ledger['delta_total']:g} per entry "
+        f"({budget_text}).\n"
+    )
+
+
+def write_privacy_statement(public: Path, statement_markdown: str, ledger: dict | None = None) -> Path:
+    """Write ``public/PRIVACY.md``: the statement, the ledger's total and what the folder holds."""
+    public = Path(public)
+    public.mkdir(parents=True, exist_ok=True)
+    text = "\n".join([
+        statement_markdown.rstrip("\n"),
+        "",
+        ledger_markdown(ledger).rstrip("\n"),
+        "",
+        "## This folder",
+        "",
+        "It may be published: `model.zarr` (the DP rows and the models fitted on them), this "
+        f"statement and `{FABRICATED_PLOT}` (fabricated rows only). Everything computed on the "
+        "private rows (the report, accuracy, membership metrics, distances, predictions, the "
+        "data and work stores) is in the run's `owner/` folder, which stays with the data owner.",
+        "",
+    ])
+    path = public / STATEMENT_FILE
+    _write_text(path, text)
+    return path
 
 
 def write_report(
@@ -73,31 +117,63 @@ def write_report(
     *,
     plots: bool = True,
     fabricated: dict | None = None,
-    test_rows: dict | None = None,
     d_train: np.ndarray | None = None,
     d_test: np.ndarray | None = None,
+    statement_markdown: str | None = None,
+    public_dir: Path | None = None,
 ) -> str:
-    """Write ``out/report.json`` and ``out/report.md``; return the markdown text."""
+    """Write ``out/report.json`` and ``out/report.md`` (``out``: the owner's folder); return the
+    markdown text. With ``public_dir`` (a DP run), the fabricated rows' plot goes there and the
+    report says which folder is which."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(metrics, indent=2, default=_jsonable))
-    lines = [f"# kahm-dask run: {metrics.get('name', '')}", "", "| metric | value |", "|---|---|"]
+    _write_text(out / "report.json", json.dumps(metrics, indent=2, default=_jsonable))
+    lines = [f"# kahm-dask run: {metrics.get('name', '')}", ""]
+    if public_dir is not None:
+        lines += [
+            "## Folders",
+            "",
+            f"- `{Path(public_dir).name}/` ({public_dir}): **may be published**: `model.zarr` (DP rows "
+            f"and models fitted on them), `{STATEMENT_FILE}`, `{FABRICATED_PLOT}` (fabricated rows only).",
+            f"- `{out.name}/` ({out}): **stays with the data owner**: this report, `report.json`, "
+            "`distances.png`, `predictions.zarr`, `data/`, `work/`: everything computed on private rows "
+            "(accuracy on the private test split, membership metrics, distances, timings).",
+            "",
+        ]
+    elif metrics.get("epsilon") is None:
+        lines += [
+            "Non-private run: no DP guarantee. The model store is fitted on the private rows; "
+            f"it and this report stay with the data owner ({out}).",
+            "",
+        ]
+    lines += ["## Metrics (owner only)", "", "| metric | value |", "|---|---|"]
     for k, v in metrics.items():
         if not isinstance(v, (dict, list)):
             lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
-    if metrics.get("epsilon") is not None:
-        lines += ["", f"Privacy unit: (ε, δ) = ({metrics['epsilon']}, {metrics['delta']}) per entry of the "
-                  f"data matrix for changes of at most d = {metrics['d']} (element level, ALGORITHM.md §9); "
-                  "a record of p features is covered at (p·ε, p·δ)."]
+    if statement_markdown:
+        lines += ["", statement_markdown.rstrip("\n")]
+        ledger = (metrics.get("privacy") or {}).get("ledger")
+        if ledger:
+            lines += ["", ledger_markdown(ledger).rstrip("\n")]
     if plots and d_train is not None and d_test is not None and len(d_train) and len(d_test):
         _plot_histograms(out / "distances.png", d_train, d_test)
-        lines += ["", "## Distances, members vs non-members", "", "![distances](distances.png)"]
+        lines += ["", "## Distances, members vs non-members (owner only)", "", "![distances](distances.png)"]
     side = _image_side(int(metrics.get("n_features", 0)))
-    if plots and fabricated and side:
-        _plot_samples(out / "samples.png", fabricated, test_rows or {}, side)
-        lines += ["", "## Fabricated samples", "", "![samples](samples.png)"]
+    if plots and fabricated and side and public_dir is not None:
+        public_dir = Path(public_dir)
+        public_dir.mkdir(parents=True, exist_ok=True)
+        _plot_fabricated(public_dir / FABRICATED_PLOT, fabricated, side)
+        rel = os.path.relpath(public_dir / FABRICATED_PLOT, out)
+        lines += ["", "## Fabricated (DP) rows (public)", "", f"![fabricated rows]({rel})"]
     text = "\n".join(lines) + "\n"
-    (out / "report.md").write_text(text)
+    _write_text(out / "report.md", text)
     return text
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _jsonable(v):

@@ -62,8 +62,8 @@ Scale = Literal["minmax", "none", "tanh255"]
 Dtype = Literal["float32", "float64"]
 SRule = Literal["round", "ceil"]
 DpData = Literal["fabricated", "noisy"]
-RSource = Literal["private", "threshold", "passes"]
-ClusterOn = Literal["original", "noisy"]
+RSource = Literal["passes", "threshold", "private"]
+ClusterOn = Literal["noisy", "original"]
 
 
 class ConfigError(ValueError):
@@ -131,6 +131,8 @@ def _type_name(hint: Any) -> str:
     if len(_members(hint)) > 1:
         return " or ".join(_type_name(a) for a in _members(hint))
     origin = typing.get_origin(hint)
+    if hint is list:
+        return "a list"
     names = {
         type(None): "null",
         bool: "bool (true or false)",
@@ -344,7 +346,14 @@ class DataConfig(Section):
     ``path.csv``, ``x.npy,y.npy``, ``images.idx3-ubyte[.gz],labels.idx1-ubyte[.gz]``, an
     existing dataset ``.zarr`` store, or ``synthetic:blobs``; file paths are made absolute.
     Without ``test_source`` a stratified ``test_size`` split (seed ``split_seed``) is used.
-    ``scale``: ``minmax`` by the training split's min/max, ``tanh255`` = tanh(pixel/255).
+
+    ``bounds: [lower, upper]`` (each a number or a list of one number per feature) is the
+    *public* range of the raw features, known without looking at the data (pixels 0–255, an
+    instrument's range); raw rows are clipped to it. ``scale``: ``minmax`` maps ``bounds`` to
+    [0, 1] (without ``bounds``: the training split's min/max, which are private);
+    ``tanh255`` = tanh(pixel/255) with raw bounds [0, 255] unless ``bounds`` says otherwise;
+    ``none`` keeps the raw values (the feature bounds are ``bounds``, or the training split's
+    private min/max). See :func:`kahm_dask.pipeline.data.feature_bounds`.
     """
 
     _key: ClassVar[str] = "data"
@@ -353,6 +362,7 @@ class DataConfig(Section):
     test_size: float = field(default=0.3, metadata=bound(gt=0, lt=1))
     split_seed: int = field(default=0, metadata=bound(ge=0))
     scale: Scale = "minmax"
+    bounds: list | None = field(default=None, metadata={"check": lambda v, k: _check_bounds(v, k)})
     chunk_rows: int | None = field(default=None, metadata=bound(ge=1))
     synthetic: SyntheticConfig | None = None
 
@@ -370,6 +380,34 @@ class DataConfig(Section):
                 f" (data.source is {self.source!r}); remove it",
                 key="data.synthetic",
             )
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_bounds(value: list, key: str) -> None:
+    """``[lower, upper]``: each a finite number or a non-empty list of finite numbers; lists of
+    both sides have the same length, and upper > lower everywhere."""
+    reason = "expected [lower, upper], each a number or a list of one number per feature"
+    if len(value) != 2:
+        raise invalid_value(key, reason, value)
+    sides = []
+    for side in value:
+        if _number(side):
+            sides.append([float(side)])
+        elif isinstance(side, (list, tuple)) and side and all(_number(v) for v in side):
+            sides.append([float(v) for v in side])
+        else:
+            raise invalid_value(key, reason, value)
+    lower, upper = sides
+    if len(lower) > 1 and len(upper) > 1 and len(lower) != len(upper):
+        raise invalid_value(key, "lower and upper lists must have the same length", value)
+    n = max(len(lower), len(upper))
+    lower, upper = lower * (n if len(lower) == 1 else 1), upper * (n if len(upper) == 1 else 1)
+    bad = [j for j in range(n) if not upper[j] > lower[j]]
+    if bad:
+        raise invalid_value(key, f"upper must exceed lower (feature {bad[0]})", value)
 
 
 def _resolve_source(source: str, key: str) -> str:
@@ -402,23 +440,29 @@ class ModelConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyConfig(Section):
-    """``privacy``: (ε, δ)-DP noise and fabrication; ``epsilon: null`` = non-private.
+    """``privacy``: element-level DP noise and fabrication; ``epsilon: null`` = non-private.
 
     A missing ``privacy`` block or ``privacy: null`` gives these defaults (non-private).
-    ``r_value`` goes with ``r_source``: a float >= 0 (the error threshold r) for
-    ``threshold``, an int >= 1 (a fixed number of smoothing passes) for ``passes``, and
-    must be null for ``private`` (r computed from the private rows).
+    ``delta`` 0 (the default) is pure ε-DP. ``d`` (the largest change of one entry that is
+    covered) defaults to the width of the feature bounds (``data.bounds``). ``r_value`` goes
+    with ``r_source``: for ``passes`` (the default) an int >= 1, the fixed number of smoothing
+    passes (null: :data:`~kahm_dask.privacy.fabrication.DEFAULT_PASSES`); a float >= 0 (the
+    error threshold r per row) for ``threshold``; null for ``private`` (r computed from the
+    private rows: leaks, warns). ``cluster_on: original`` (k-means on the private rows) leaks
+    too and warns. ``budget: [epsilon, delta]`` refuses a release that would take the total
+    recorded in the data store's privacy ledger beyond it.
     """
 
     _key: ClassVar[str] = "privacy"
     epsilon: float | None = field(default=None, metadata=bound(gt=0))
-    delta: float = field(default=1e-5, metadata=bound(gt=0, lt=1))
-    d: float = field(default=1.0, metadata=bound(gt=0))
+    delta: float = field(default=0.0, metadata=bound(ge=0, lt=1))
+    d: float | None = field(default=None, metadata=bound(gt=0))
     dp_data: DpData = "fabricated"
-    r_source: RSource = "private"
+    r_source: RSource = "passes"
     r_value: int | float | None = None
-    cluster_on: ClusterOn = "original"
+    cluster_on: ClusterOn = "noisy"
     max_passes: int = field(default=100, metadata=bound(ge=1))
+    budget: list | None = field(default=None, metadata={"check": lambda v, k: _check_budget(v, k)})
 
     def _validate(self) -> None:
         key, r = "privacy.r_value", self.r_value
@@ -433,10 +477,15 @@ class PrivacyConfig(Section):
                 raise invalid_value(key, "r_source 'threshold' needs a float >= 0", r)
             bound(ge=0)["check"](r, key)
             object.__setattr__(self, "r_value", float(r))
-        elif r is None or isinstance(r, float):
-            raise invalid_value(key, "r_source 'passes' needs an int >= 1", r)
-        else:
+        elif r is not None:
+            if isinstance(r, float):
+                raise invalid_value(key, "r_source 'passes' needs an int >= 1 (or null)", r)
             bound(ge=1)["check"](r, key)
+
+
+def _check_budget(value: list, key: str) -> None:
+    if not (len(value) == 2 and all(_number(v) for v in value) and value[0] > 0 and 0 <= value[1] < 1):
+        raise invalid_value(key, "expected [epsilon, delta] with epsilon > 0 and delta in [0, 1)", value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -498,10 +547,11 @@ class ClusterConfig(Section):
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig(Section):
-    """A whole pipeline file: ``name``, ``seed`` (root of all randomness; ``null``, the default,
-    draws fresh OS entropy once per run directory and keeps it on the private side, because a
-    known seed would let anyone subtract the DP noise), ``output`` (the
-    run directory for reports and the model store) and the sections."""
+    """A whole pipeline file: ``name``, ``seed`` (seeds the k-means steps only; it is not
+    secret: the DP noise always comes from the operating system's secure generator; ``null``,
+    the default, draws one at the first run and keeps it in the run's work store so that a
+    resumed run repeats it), ``output`` (the run directory: ``public/`` and ``owner/``) and
+    the sections."""
 
     name: str
     seed: int | None = field(default=None, metadata=bound(ge=0))

@@ -3,17 +3,21 @@
 Layout (zarr v3, local filesystem)::
 
     <model>.zarr/
-      zarr.json                      attributes "kahm_dask_model": manifest (params, seeds,
-                                     versions, classes, cluster table)
+      zarr.json                      attributes "kahm_dask_model": manifest (params, the public
+                                     k-means seed, versions, classes, cluster table, and for
+                                     a DP run the release id and the privacy statement)
       clusters/c{c}_s{s}/            one trained cluster (a complete group or absent)
-        zarr.json                    attributes: deep-KAHM meta, layer scalars, task info
+        zarr.json                    attributes: deep-KAHM meta, layer scalars, cluster info
+                                     (class, cluster, n_rows, layer_dims, and the smoother
+                                     passes unless they depend on private rows; no timing)
         layer{k}/{mean,components,explained_variance,codes,beta,kernel_eigenvalues}
         fabricated                   (N_cs, p) DP rows the model was fitted on (DP runs only)
 
 A cluster group is written with its completion marker under a temporary name and renamed
 into place in one step, so a reader never sees half a cluster, a complete cluster is never
 replaced, and a rerun skips finished ones (resume).
-Only DP data (fabricated or noisy rows) and models fitted on them are ever written here.
+In a DP run only DP data (fabricated or noisy rows), models fitted on them and public settings
+are written here: nothing else computed from private rows.
 """
 
 from __future__ import annotations

@@ -1,19 +1,32 @@
 """One pipeline run: ingest → partition → train → predict → evaluate → report.
 
 Every stage reads and writes Zarr under the run's ``output`` directory; each is resumable
-(stores and finished clusters are reused), so rerunning the same command after an
-interruption recomputes only what is missing.
+(stores, the noisy rows and finished clusters are reused), so rerunning the same command after
+an interruption recomputes only what is missing.
+
+The run folder is split at the release boundary (:class:`RunPaths`):
+
+* ``public/`` may be published: ``model.zarr`` (DP rows and models fitted on them),
+  ``PRIVACY.md`` (the privacy statement of the settings used, and the ledger's total) and
+  ``fabricated.png`` (fabricated rows only). Only DP runs have one.
+* ``owner/`` stays with the data owner: ``data/`` (the private stores and their privacy
+  ledger), ``work/`` (private copies, the noisy rows), ``predictions.zarr``, ``report.json``,
+  ``report.md`` and ``distances.png``: everything computed on private rows (accuracy on the
+  private test split, membership metrics, distances, timings). A non-private run's model store
+  is fitted on private rows and lives here too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
+from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.store import DatasetStore
@@ -24,15 +37,61 @@ from kahm_dask.privacy.membership import (
     membership_inference_from_distances,
     training_row_subset,
 )
-from kahm_dask.report import write_report
+from kahm_dask.report import write_privacy_statement, write_report
 
-__all__ = ["settings_from_config", "evaluate", "run_pipeline"]
+__all__ = ["RunPaths", "run_paths", "settings_from_config", "settings_fields", "evaluate", "run_pipeline"]
 
 log = logging.getLogger("kahm_dask")
 
 
-def settings_from_config(cfg) -> TrainSettings:
-    """Translate a :class:`~kahm_dask.pipeline.config.PipelineConfig` into train settings."""
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run writes what (module docstring); ``private`` = a DP run."""
+
+    root: Path
+    private: bool
+
+    @property
+    def public(self) -> Path:
+        return self.root / PUBLIC
+
+    @property
+    def owner(self) -> Path:
+        return self.root / OWNER
+
+    @property
+    def model(self) -> Path:
+        return (self.public if self.private else self.owner) / "model.zarr"
+
+    @property
+    def predictions(self) -> Path:
+        return self.owner / "predictions.zarr"
+
+    @property
+    def data(self) -> Path:
+        return self.owner / "data"
+
+    @property
+    def work(self) -> Path:
+        return self.owner / "work"
+
+    @property
+    def statement(self) -> Path:
+        return self.public / "PRIVACY.md"
+
+
+def run_paths(output: str | Path, private: bool) -> RunPaths:
+    return RunPaths(Path(output), bool(private))
+
+
+def settings_from_config(cfg, train: DatasetStore | None = None) -> TrainSettings:
+    """Translate a :class:`~kahm_dask.pipeline.config.PipelineConfig` into train settings.
+
+    For a DP run the feature bounds come from :func:`~kahm_dask.pipeline.data.feature_bounds`
+    (given the training store ``train``); without ``train`` they are left to
+    :func:`~kahm_dask.pipeline.train.release_bounds` (the store's public feature range, else
+    its private min/max, with a warning).
+    """
     m, p, part = cfg.model, cfg.privacy, cfg.partition
     params = TrainParams(
         n_components=m.n_components,
@@ -43,11 +102,18 @@ def settings_from_config(cfg) -> TrainSettings:
         r_value=p.r_value,
         max_passes=p.max_passes,
     )
+    bounds = source = None
+    if p.epsilon is not None and train is not None:
+        found = feature_bounds(cfg.data, train.n_features, train)
+        if found is not None:
+            bounds, source = (found[0], found[1]), found[2]
     return TrainSettings(
         params,
         seed=cfg.seed,
         delta=p.delta,
         d=p.d,
+        bounds=bounds,
+        bounds_source=source,
         block_size=m.block_size,
         s_rule=m.s_rule,
         min_cluster_size=m.min_cluster_size,
@@ -56,21 +122,26 @@ def settings_from_config(cfg) -> TrainSettings:
         init_max_iter=part.init_max_iter,
         kmeans_max_iter=part.max_iter,
         kmeans_persist_fraction=part.persist_fraction,
+        budget=None if p.budget is None else tuple(p.budget),
     )
 
 
 def settings_fields(cfg, client) -> dict:
-    """The report fields that describe the run's privacy and model settings (the seed of a DP
-    run is reported as "secret": it is never written to a report)."""
+    """The report fields that describe the run's privacy and model settings (the seed seeds
+    k-means only and is not secret; ``d`` null = the bound width)."""
     p = cfg.privacy
+    private = p.epsilon is not None
     return {
         "epsilon": p.epsilon,
-        "delta": p.delta,
+        "delta": p.delta if private else None,
         "d": p.d,
-        "dp_data": p.dp_data if p.epsilon is not None else None,
+        "dp_data": p.dp_data if private else None,
+        "r_source": p.r_source if private and p.dp_data == "fabricated" else None,
+        "cluster_on": p.cluster_on if private else None,
+        "budget": p.budget,
         "n_components": cfg.model.n_components,
         "n_layers": cfg.model.n_layers,
-        "seed": "secret" if p.epsilon is not None else cfg.seed,
+        "seed": cfg.seed,
         "dashboard": getattr(client, "dashboard_link", None),
     }
 
@@ -80,7 +151,8 @@ def evaluate(
     membership: bool = True, max_train_rows: int | None = None, seed: int = 0,
 ) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
     """Accuracy from stored predictions; membership score and attack on the original
-    training rows (or their seeded subset, §8.1) vs the test rows."""
+    training rows (or their seeded subset) vs the test rows. Computed on private rows: the
+    result belongs to the owner's folder."""
     group = zarr.open_group(str(pred_path), mode="r")
     classes = np.asarray(group.attrs["classes"], dtype=object)
     pred = classes[group[PREDICTIONS][...]]
@@ -102,48 +174,54 @@ def evaluate(
     return metrics, d_train, d_test
 
 
-def _report_samples(model_path: Path, test: DatasetStore, k: int = 4) -> tuple[dict, dict]:
-    """A few DP rows per class from the model store and test rows of the same classes."""
+def _fabricated_samples(model_path: Path, k: int = 4) -> dict:
+    """A few DP rows per class from the model store (fabricated or noisy rows only)."""
     manifest = read_manifest(model_path)
-    fabricated, test_rows = {}, {}
-    y = test.labels()
+    fabricated = {}
     for entry in manifest["clusters"]:
         label = manifest["classes"][entry["class"]]
         if label in fabricated:
             continue
         group = zarr.open_group(str(model_path / "clusters" / f"c{entry['class']}_s{entry['cluster']}"), mode="r")
         if "fabricated" not in group:
-            return {}, {}
+            return {}
         fabricated[label] = group["fabricated"][:k]
-        rows = np.flatnonzero(y.astype(str) == str(label))[:k]
-        test_rows[label] = test.read_rows(rows) if rows.size else np.empty((0, test.n_features))
-    return fabricated, test_rows
+    return fabricated
 
 
 def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
-    """Run a whole pipeline config on ``client``; returns the metrics written to report.json."""
+    """Run a whole pipeline config on ``client``; returns the metrics written to report.json
+    (in ``<output>/owner``; the publishable part is in ``<output>/public``)."""
     from kahm_dask.pipeline.data import prepare_stores
 
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    p = cfg.privacy
+    paths = run_paths(cfg.output, p.epsilon is not None)
+    paths.owner.mkdir(parents=True, exist_ok=True)
+    if paths.private:
+        paths.public.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    train, test = prepare_stores(cfg, out)
+    train, test = prepare_stores(cfg, paths.root)
     t_ingest = time.perf_counter() - t0
     log.info("data: %d training rows, %d test rows, %d features", train.n_samples, test.n_samples, train.n_features)
 
-    settings = settings_from_config(cfg)
-    model_path, pred_path = out / "model.zarr", out / "predictions.zarr"
+    settings = settings_from_config(cfg, train)
     t1 = time.perf_counter()
-    summary = train_pipeline(train, model_path, out / "work", settings, client, progress=progress)
+    summary = train_pipeline(train, paths.model, paths.work, settings, client, progress=progress)
     fit_s = time.perf_counter() - t1
     t2 = time.perf_counter()
-    predict_to_store(model_path, test.X(), pred_path, client, progress=progress)
+    predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress)
     predict_s = time.perf_counter() - t2
     metrics, d_train, d_test = evaluate(
-        model_path, pred_path, train, test, membership=cfg.evaluate.membership,
+        paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
         max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed,
     )
-    p = cfg.privacy
+    privacy = summary["privacy"]
+    fields = settings_fields(cfg, client)
+    fields["seed"] = summary["seed"]
+    if privacy is not None:
+        mech = privacy["statement"]["mechanism"]
+        fields.update(d=mech["d"], bounds=[mech["lower"], mech["upper"]],
+                      bounds_source=privacy["statement"]["bounds_source"])
     metrics = {
         "name": cfg.name,
         **metrics,
@@ -156,9 +234,18 @@ def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
         "n_features": train.n_features,
         "n_clusters": summary["n_clusters"],
         "n_clusters_resumed": summary["n_resumed"],
-        **settings_fields(cfg, client),
+        **fields,
+        "public_dir": str(paths.public) if paths.private else None,
+        "owner_dir": str(paths.owner),
+        "model_store": str(paths.model),
+        "privacy": privacy,
     }
-    fabricated, test_rows = _report_samples(model_path, test) if p.epsilon is not None else ({}, {})
-    write_report(out, metrics, plots=cfg.report.plots, fabricated=fabricated, test_rows=test_rows,
-                 d_train=d_train, d_test=d_test)
+    fabricated = {}
+    if paths.private:
+        write_privacy_statement(paths.public, summary["privacy_statement_markdown"], privacy["ledger"])
+        fabricated = _fabricated_samples(paths.model)
+    write_report(paths.owner, metrics, plots=cfg.report.plots, fabricated=fabricated,
+                 d_train=d_train, d_test=d_test,
+                 statement_markdown=summary["privacy_statement_markdown"],
+                 public_dir=paths.public if paths.private else None)
     return metrics

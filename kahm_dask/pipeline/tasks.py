@@ -1,10 +1,13 @@
-"""The per-cluster training task: a pure function of its inputs (ARCHITECTURE.md data flow).
+"""The per-cluster training task: a pure function of its inputs.
 
 ``train_cluster`` reads one cluster's rows (a contiguous slice of the cluster-grouped copy),
-computes r from the private rows if the run asks for it, fabricates DP rows from the noisy
-rows, fits the DeepKAHM on the DP rows only, and writes model + DP rows atomically. It returns
-a small dict of metadata: private rows never travel back to the client. BLAS runs
-single-threaded inside the task (one BLAS thread per Dask thread).
+fabricates DP rows from the noisy rows (reading the private rows only for the paper's private
+stopping threshold, ``r_source="private"``, which leaks and warns), fits the DeepKAHM on the DP
+rows only, and writes model + DP rows atomically. The model store's cluster metadata holds only
+what is public or DP: no timing, and no number of smoother passes when it depends on private
+rows. The task returns a small dict of metadata (its timing included, for the owner's report):
+private rows never travel back to the client. BLAS runs single-threaded inside the task (one
+BLAS thread per Dask thread).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class TrainParams:
     min_range: float | None = 1e-3
     epsilon: float | None = None
     dp_data: str = "fabricated"
-    r_source: str = "private"
+    r_source: str = "passes"
     r_value: float | int | None = None
     max_passes: int = 100
 
@@ -58,12 +61,14 @@ def train_cluster(
 ) -> dict:
     """Train cluster (class code c, cluster s) from grouped rows [start, stop); see module doc.
 
-    Returns ``{"class": c, "cluster": s, "n_rows", "passes", "seconds", "resumed"}``.
-    A cluster already complete in the model store is skipped (resume).
+    Returns ``{"class": c, "cluster": s, "n_rows", "passes", "layer_dims", "seconds",
+    "resumed"}`` ("passes" absent with ``r_source="private"``; "seconds" None when resumed).
+    Only the first five (less "seconds") are written to the model store. A cluster already
+    complete in the model store is skipped (resume).
     """
     done = cluster_done(model_path, c, s)
     if done is not None:
-        return {**done, "resumed": True}
+        return {**done, "seconds": None, "resumed": True}
     t0 = time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):
         dp_rows, passes = None, None
@@ -90,13 +95,8 @@ def train_cluster(
             dp_rows = data
         model = DeepKAHM(params.n_components, params.n_layers, min_range=params.min_range)
         model.fit(data)
-    info = {
-        "class": c,
-        "cluster": s,
-        "n_rows": stop - start,
-        "passes": passes,
-        "layer_dims": model.layer_dims_,
-        "seconds": round(time.perf_counter() - t0, 4),
-    }
+    info = {"class": c, "cluster": s, "n_rows": stop - start, "passes": passes, "layer_dims": model.layer_dims_}
+    if params.private and params.r_source == "private":
+        del info["passes"]  # stops at the private rows' modelling error: not DP
     save_cluster(model_path, c, s, model, info, dp_rows)
-    return {**info, "resumed": False}
+    return {**info, "seconds": round(time.perf_counter() - t0, 4), "resumed": False}

@@ -1,23 +1,29 @@
-"""Build and run the training graph (ARCHITECTURE.md "Data flow of one training run").
+"""Build and run the training graph (docs/design.md explains the cuts).
 
 Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
 
-1. DP noise (Algorithm 1) blockwise, with the noise of global row block b drawn from
-   ``child(root, 0, b)`` — bit-identical to the in-memory :class:`KAHMClassifier`;
-   written to the work store (``X_noisy``, DP data).
-2. A class-grouped copy of X (and X_noisy) (:mod:`~kahm_dask.pipeline.layout`), so each
-   class is one contiguous slice.
-3. Per-class k-means (k-means|| centres, then dask-ml's Lloyd iterations; ``child(root, 1, c)``)
-   on the original or the noisy rows of the class-grouped copy, a class held in worker memory
-   while it fits ``kmeans_persist_fraction`` of the workers' memory.
-4. A cluster-grouped copy of X (and X_noisy), built from the class-grouped one: rows ordered
-   by (class, cluster), original order within a cluster, so each task reads one contiguous
-   slice.
+1. DP release blockwise (:class:`~kahm_dask.privacy.noise.GridLaplace`: clip to the public
+   bounds, exact discrete Laplace noise on a public grid, noise from the operating system's
+   secure generator), written once to the work store (``X_noisy``, in the stored dtype) with a
+   completion marker and a random ``noise_id``. A rerun reuses a complete ``X_noisy`` (the
+   noise is never drawn twice for one run); an incomplete one is rewritten with fresh noise and
+   a new id. Each release is recorded once in the privacy ledger beside the data store
+   (:func:`~kahm_dask.privacy.ledger.ledger_path`), which refuses a release beyond its budget
+   before any noise is drawn.
+2. A class-grouped copy of X_noisy (and of X where a setting reads the private rows)
+   (:mod:`~kahm_dask.pipeline.layout`), so each class is one contiguous slice.
+3. Per-class k-means (k-means|| centres, then dask-ml's Lloyd iterations; ``child(root, 1, c)``
+   of the public ``seed``) on the noisy rows (or, with ``cluster_on="original"``, which leaks,
+   the private ones), a class held in worker memory while it fits
+   ``kmeans_persist_fraction`` of the workers' memory.
+4. A cluster-grouped copy, built from the class-grouped one: rows ordered by (class, cluster),
+   original order within a cluster, so each task reads one contiguous slice.
 5. One task per (class, cluster) (:func:`~kahm_dask.pipeline.tasks.train_cluster`); finished
    clusters are skipped on a rerun (resume).
 
-The work store holds private data (X copy, cluster labels): it lives next to the data store,
-on the data owner's side; the model store holds only DP rows and models fitted on them.
+The work store holds private data (X copies, cluster labels, the noisy rows before
+fabrication): it lives with the data store, on the data owner's side; the model store holds
+only DP rows and models fitted on them, and nothing else computed from private rows.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dask
@@ -37,64 +45,167 @@ import zarr
 from kahm_dask import __version__
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
-from kahm_dask.classifier import MODEL_STREAM, NOISE_STREAM, PARTITION_STREAM
+from kahm_dask.classifier import MODEL_STREAM, PARTITION_STREAM
+from kahm_dask.pipeline.data import store_bounds
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.modelstore import write_manifest
 from kahm_dask.pipeline.partition import partition_classes
-from kahm_dask.pipeline.store import DatasetStore
+from kahm_dask.pipeline.store import DatasetStore, StoreError, is_complete, mark_complete
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, TrainParams, train_cluster
-from kahm_dask.privacy.noise import add_blocked_optimal_noise
+from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC, public_bounds
+from kahm_dask.privacy.ledger import PrivacyLedger, ledger_path
+from kahm_dask.privacy.noise import GridLaplace
+from kahm_dask.privacy.randomness import NoiseSource, as_noise_source
+from kahm_dask.privacy.statement import PrivacyStatement, warn_weakenings
 
 log = logging.getLogger("kahm_dask")
 
-__all__ = ["TrainSettings", "resolve_seed", "noisy_array", "train_pipeline"]
+__all__ = ["TrainSettings", "noisy_array", "release_bounds", "train_pipeline", "NOISY", "SEED_FILE"]
+
+#: The work store's noisy rows (written once per run, with a completion marker).
+NOISY = "X_noisy"
+#: The run's k-means seed when none is given (public; kept so that a resume repeats it).
+SEED_FILE = "kmeans_seed.json"
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Run-level settings on top of the per-task :class:`TrainParams`."""
+    """Run-level settings on top of the per-task :class:`TrainParams`.
+
+    ``seed`` seeds the k-means steps only (not private; None: drawn once per work store and
+    kept there). ``bounds`` = ``(lower, upper)``, the bounds of the features the DP release
+    clips to (scalars or (p,) arrays, broadcast to the store's features at release time), with
+    ``bounds_source`` (:data:`~kahm_dask.privacy.bounds.BOUNDS_PUBLIC`, the
+    default when bounds are given, or ``BOUNDS_PRIVATE``). Without bounds a DP run uses the
+    store's public ``feature_range`` attribute, else each feature's min/max of the store
+    (private: warns). ``d`` None = the bound width. ``budget`` = (ε, δ) of the privacy ledger.
+    ``insecure_noise_seed``: tests only, fixes the noise and voids the guarantee.
+    """
 
     params: TrainParams
     seed: int | None = None
-    delta: float = 1e-5
-    d: float = 1.0
+    delta: float = 0.0
+    d: float | None = None
+    bounds: tuple | None = field(default=None, compare=False)
+    bounds_source: str | None = None
     block_size: int = 1000
     s_rule: str = "round"
     min_cluster_size: int | None = None
-    cluster_on: str = "original"
+    cluster_on: str = "noisy"
     oversampling_factor: float | None = None
     init_max_iter: int = 5
     kmeans_max_iter: int = 100
     kmeans_persist_fraction: float = 0.25
+    budget: tuple[float, float] | None = None
+    insecure_noise_seed: int | None = None
+
+    @property
+    def needs_private_rows(self) -> bool:
+        """True when a stage after the noise reads the private rows (the k-means with
+        ``cluster_on="original"``, the paper's private r, or a non-private run)."""
+        p = self.params
+        if not p.private:
+            return True
+        return self.cluster_on == "original" or (p.dp_data == "fabricated" and p.r_source == "private")
 
 
-def resolve_seed(seed: int | None, work_path: Path) -> int:
-    """The run's root seed: ``seed`` if given, else entropy drawn once and kept in
-    ``<work>/secret_seed.json`` (the private side), so a resumed run reuses it.
-
-    The seed is a secret for DP runs: with it, anyone holding the DP rows could regenerate
-    the noise and subtract it. It is never written to the model store or the reports.
-    """
+def _kmeans_seed(seed: int | None, work_path: Path) -> int:
+    """The run's k-means seed: ``seed``, else one drawn at the first run and kept in the work
+    store (it seeds only k-means on DP or public rows; the noise never depends on it)."""
     if seed is not None:
         return int(seed)
-    path = work_path / "secret_seed.json"
-    if path.exists():
-        return int(json.loads(path.read_text())["entropy"])
-    entropy = int(np.random.SeedSequence().entropy)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"entropy": entropy}))
+    path = work_path / SEED_FILE
+    try:
+        return int(json.loads(path.read_text())["seed"])
+    except (FileNotFoundError, KeyError, ValueError, TypeError):
+        pass
+    value = int(np.random.SeedSequence().entropy) % 2**63
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"seed": value, "note": "k-means seed; not secret"}))
     os.replace(tmp, path)
-    return entropy
+    return value
 
 
-def noisy_array(X: da.Array, epsilon: float, delta: float, d: float, seed: np.random.SeedSequence) -> da.Array:
-    """``X + V`` blockwise (Algorithm 1); row r's noise depends only on (seed, r)."""
+def release_bounds(settings: TrainSettings, store: DatasetStore) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(lower, upper, source)`` of a DP release from ``store``: the settings' bounds, else the
+    store's public ``feature_range``, else each feature's private min/max (warns)."""
+    p = store.n_features
+    if settings.bounds is not None:
+        lower, upper = public_bounds(settings.bounds, p)
+        return lower, upper, settings.bounds_source or BOUNDS_PUBLIC
+    fr = store.attrs.get("feature_range")
+    if fr:
+        lower, upper = np.asarray(fr["min"], np.float64), np.asarray(fr["max"], np.float64)
+        return lower, np.where(upper > lower, upper, lower + 1.0), BOUNDS_PUBLIC
+    return (*store_bounds(store), BOUNDS_PRIVATE)
+
+
+def noisy_array(X: da.Array, mechanism: GridLaplace, source: NoiseSource, dtype=None) -> da.Array:
+    """The DP release of X blockwise, in ``dtype`` (default: X's float dtype).
+
+    Each block is released with its global row offset (a test-only seeded source then gives
+    the same noise whatever the chunking); memory per block is the block in and out plus the
+    mechanism's bounded working set (:data:`~kahm_dask.privacy.noise.ENTRIES_PER_STEP`).
+    """
+    dtype = np.dtype(dtype or (X.dtype if np.issubdtype(X.dtype, np.floating) else np.float64))
+    X = X.rechunk({1: -1})
 
     def block(x: np.ndarray, block_info=None) -> np.ndarray:
         start = block_info[0]["array-location"][0][0]
-        return add_blocked_optimal_noise(x, epsilon, delta, d, seed, row_offset=start)
+        return mechanism.release(x, source, row_offset=start, dtype=dtype)
 
-    return X.astype(np.float64).map_blocks(block, dtype=np.float64, meta=np.empty((0, 0)))
+    return X.map_blocks(block, dtype=dtype, meta=np.empty((0, 0), dtype))
+
+
+def _noisy_rows(
+    X: da.Array,
+    mechanism: GridLaplace,
+    settings: TrainSettings,
+    work_path: Path,
+    model_path: Path,
+    ledger: PrivacyLedger,
+    details: dict,
+) -> tuple[da.Array, str, bool]:
+    """The run's noisy rows ``(X_noisy, noise_id, reused)``: the complete stored ones, or a
+    fresh release (budget checked before any noise is drawn; recorded once in the ledger)."""
+    path = work_path / NOISY
+    marker = {
+        "mechanism": json.loads(json.dumps(mechanism.describe())),
+        "shape": list(X.shape),
+        "dtype": str(X.dtype),
+        "insecure_noise_seed": settings.insecure_noise_seed,
+    }
+    try:
+        done = is_complete(path)
+    except StoreError:
+        done = None
+    if done is not None and {k: done.get(k) for k in marker} == marker and done.get("noise_id"):
+        noise_id = done["noise_id"]
+        ledger.record(mechanism.epsilon, mechanism.delta, release_id=noise_id, **details)  # once
+        log.info("noise: reusing the stored noisy rows (noise_id %s)", noise_id)
+        return da.from_zarr(str(path)), noise_id, True
+    _refuse_new_noise_for_trained_store(model_path, work_path)
+    ledger.check(mechanism.epsilon, mechanism.delta)
+    noise_id = uuid.uuid4().hex
+    if path.exists():  # incomplete or of other settings: never reused, rewritten with fresh noise
+        shutil.rmtree(path)
+    source = as_noise_source(settings.insecure_noise_seed)
+    noisy_array(X, mechanism, source, X.dtype).to_zarr(str(path), overwrite=True, zarr_format=3)
+    ledger.record(mechanism.epsilon, mechanism.delta, release_id=noise_id, **details)
+    mark_complete(path, {**marker, "noise_id": noise_id})
+    return da.from_zarr(str(path)), noise_id, False
+
+
+def _refuse_new_noise_for_trained_store(model_path: Path, work_path: Path) -> None:
+    """A model store with clusters was trained on the work store's noisy rows; new noise would
+    mix clusters of two releases: refuse before drawing it."""
+    clusters = model_path / "clusters"
+    if clusters.is_dir() and any(clusters.iterdir()):
+        raise ValueError(
+            f"model store {model_path} has clusters trained on noisy rows that are missing or "
+            f"incomplete in {work_path / NOISY} (or were drawn with other settings); new noise "
+            "cannot be mixed with them: delete the model store or choose another output directory."
+        )
 
 
 def train_pipeline(
@@ -118,25 +229,54 @@ def train_pipeline(
     params = settings.params
     model_path, work_path = Path(model_path), Path(work_path)
     work_path.mkdir(parents=True, exist_ok=True)
-    seed = resolve_seed(settings.seed, work_path)
+    seed = _kmeans_seed(settings.seed, work_path)
     root = np.random.SeedSequence(seed)
     X = store.X()  # stored dtype (float32 halves memory and I/O); tasks compute in float64
     y = store.y()
     chunk_rows = X.chunks[0][0]
 
-    X_noisy = None
+    X_noisy, privacy, statement = None, None, None
     if params.private:
-        noisy_path = work_path / "X_noisy"
-        noisy_array(
-            X, params.epsilon, settings.delta, settings.d, child_seed_sequence(root, NOISE_STREAM)
-        ).to_zarr(str(noisy_path), overwrite=True, zarr_format=3)
-        X_noisy = da.from_zarr(str(noisy_path))
+        lower, upper, bounds_source = release_bounds(settings, store)
+        mechanism = GridLaplace(params.epsilon, lower, upper, delta=settings.delta, d=settings.d)
+        statement = PrivacyStatement.from_settings(
+            mechanism,
+            bounds_source,
+            dp_data=params.dp_data,
+            r_source=params.r_source,
+            cluster_on=settings.cluster_on,
+            insecure_noise=settings.insecure_noise_seed is not None,
+        )
+        warn_weakenings(statement.weakenings, stacklevel=2)
+        description = mechanism.describe()
+        ledger = PrivacyLedger(ledger_path(store.path), budget=settings.budget)
+        details = {
+            "what": f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of "
+                    f"{store.path.name}, from which the model store's {params.dp_data} DP rows are built",
+            "unit": "entry",
+            "d": description["d"],
+            "bounds": [description["lower"], description["upper"]],
+            "bounds_source": bounds_source,
+            "mechanism": description,
+            "model_store": str(model_path),
+        }
+        X_noisy, noise_id, reused = _noisy_rows(X, mechanism, settings, work_path, model_path, ledger, details)
+        privacy = {
+            "release_id": noise_id,
+            "noise_reused": reused,
+            "statement": statement.to_dict(),
+            "ledger": ledger.summary(),
+            "ledger_path": str(ledger.path),
+        }
 
     stages = {"noise": time.perf_counter() - t0}
     layout = class_layout(y)
+    sources = {"X_noisy": X_noisy}
+    if settings.needs_private_rows:
+        sources["X"] = X
     by_class = {
         name: write_grouped(source, layout.groups, work_path / f"{name}_by_class", chunk_rows)
-        for name, source in (("X", X), ("X_noisy", X_noisy)) if source is not None
+        for name, source in sources.items() if source is not None
     }
     stages["class_grouping"] = time.perf_counter() - t0 - sum(stages.values())
     if partition is None:
@@ -169,14 +309,16 @@ def train_pipeline(
     stages["grouping"] = t_prep - sum(stages.values())
     log.info("grouped copy written in %.1f s", stages["grouping"])
 
+    mech = None if statement is None else statement.mechanism
     _check_same_settings(
         model_path,
         work_path,
         {
             "params": params.to_dict(),
             "seed": seed,
-            "delta": settings.delta,
-            "d": settings.d,
+            "mechanism": mech,
+            "bounds_source": None if statement is None else statement.bounds_source,
+            "noise_id": None if privacy is None else privacy["release_id"],
             "block_size": settings.block_size,
             "s_rule": settings.s_rule,
             "min_cluster_size": settings.min_cluster_size,
@@ -194,13 +336,14 @@ def train_pipeline(
             "classes": list(store.classes),
             "n_features": store.n_features,
             "params": params.to_dict(),
-            # a DP model store never records its noise seed (see resolve_seed)
-            "seed": None if params.private else seed,
-            "seed_streams": {"noise": [NOISE_STREAM], "partition": [PARTITION_STREAM], "model": [MODEL_STREAM]},
-            "delta": settings.delta,
-            "d": settings.d,
+            "seed": seed,  # k-means only; the noise never depends on it
+            "seed_streams": {"partition": [PARTITION_STREAM], "model": [MODEL_STREAM]},
             "block_size": settings.block_size,
-            "cluster_on": settings.cluster_on,
+            "cluster_on": settings.cluster_on if params.private else None,
+            "privacy": None if privacy is None else {
+                "release_id": privacy["release_id"],
+                "statement": privacy["statement"],
+            },
             "clusters": [{"class": c, "cluster": s, "n_rows": b - a} for c, s, a, b in table],
             "versions": _versions(),
         },
@@ -215,9 +358,12 @@ def train_pipeline(
     return {
         "n_clusters": len(table),
         "n_resumed": sum(i["resumed"] for i in infos),
+        "seed": seed,
         "prepare_seconds": round(t_prep, 3),
         "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
         "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
+        "privacy": privacy,
+        "privacy_statement_markdown": None if statement is None else statement.to_markdown(),
         "clusters": infos,
     }
 
@@ -250,8 +396,8 @@ def _persist_bytes(fraction: float, client) -> int:
 def _check_same_settings(model_path: Path, work_path: Path, current: dict) -> None:
     """Refuse to resume into a model store trained with other settings.
 
-    The run's settings (with its seed, hence kept in the private work directory) are stored in
-    ``<work>/settings.json``. If the model store already has clusters and the stored settings
+    The run's settings (with the noise_id of the noisy rows the clusters were trained on) are
+    stored in ``<work>/settings.json``. If the model store already has clusters and the stored settings
     are missing or differ, resuming would mix old clusters with new ones: raise instead.
     """
     path = work_path / "settings.json"

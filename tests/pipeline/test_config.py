@@ -72,6 +72,7 @@ DEFAULTS = {
     "data.test_size": 0.3,
     "data.split_seed": 0,
     "data.scale": "minmax",
+    "data.bounds": None,
     "data.chunk_rows": None,
     "data.synthetic": None,
     "model.n_components": 20,
@@ -80,13 +81,14 @@ DEFAULTS = {
     "model.s_rule": "round",
     "model.min_cluster_size": None,
     "privacy.epsilon": None,
-    "privacy.delta": 1e-5,
-    "privacy.d": 1.0,
+    "privacy.delta": 0.0,
+    "privacy.d": None,
     "privacy.dp_data": "fabricated",
-    "privacy.r_source": "private",
+    "privacy.r_source": "passes",
     "privacy.r_value": None,
-    "privacy.cluster_on": "original",
+    "privacy.cluster_on": "noisy",
     "privacy.max_passes": 100,
+    "privacy.budget": None,
     "partition.oversampling_factor": None,
     "partition.init_max_iter": 5,
     "partition.max_iter": 100,
@@ -208,8 +210,8 @@ INVALID = [
     ("privacy.epsilon", 0, "'privacy.epsilon'.*> 0"),
     ("privacy.epsilon", -1.0, "'privacy.epsilon'.*> 0"),
     ("privacy.epsilon", float("inf"), "'privacy.epsilon'.*finite"),
-    ("privacy.delta", 0.0, r"'privacy.delta'.*\(0, 1\)"),
-    ("privacy.delta", 1, r"'privacy.delta'.*\(0, 1\)"),
+    ("privacy.delta", -0.1, r"'privacy.delta'.*>= 0 and < 1"),
+    ("privacy.delta", 1, r"'privacy.delta'.*>= 0 and < 1"),
     ("privacy.d", 0, "'privacy.d'.*> 0"),
     ("privacy.d", -2.0, "'privacy.d'.*> 0"),
     ("model.n_components", 0, "'model.n_components'.*>= 1"),
@@ -229,11 +231,23 @@ INVALID = [
     ("model.s_rule", "floor", "'model.s_rule'.*one of 'round', 'ceil'"),
     ("privacy.dp_data", "raw", "'privacy.dp_data'.*one of 'fabricated', 'noisy'"),
     ("privacy.r_source", "public", "'privacy.r_source'.*one of"),
-    ("privacy.cluster_on", "both", "'privacy.cluster_on'.*one of 'original', 'noisy'"),
+    ("privacy.cluster_on", "both", "'privacy.cluster_on'.*one of 'noisy', 'original'"),
     ("data.source", "synthetic:moons", "'data.source'.*synthetic:blobs"),
     ("data.source", "sklearn:", "'data.source'.*sklearn:digits"),
     # r_value goes with r_source
-    ("privacy.r_value", 3.0, "'privacy.r_value'.*'private'"),
+    ("privacy.r_value", 3.0, "'privacy.r_value'.*'passes' needs an int"),
+    # public bounds and the budget
+    ("data.bounds", [0], r"'data.bounds'.*\[lower, upper\]"),
+    ("data.bounds", [0, 1, 2], r"'data.bounds'.*\[lower, upper\]"),
+    ("data.bounds", [1, 0], "'data.bounds'.*upper must exceed lower"),
+    ("data.bounds", [[0, 0], [1, 0]], r"'data.bounds'.*upper must exceed lower \(feature 1\)"),
+    ("data.bounds", [[0, 0], [1, 1, 1]], "'data.bounds'.*same length"),
+    ("data.bounds", [0, "x"], r"'data.bounds'.*\[lower, upper\]"),
+    ("data.bounds", [0, float("inf")], r"'data.bounds'.*\[lower, upper\]"),
+    ("data.bounds", "0 1", "'data.bounds'.*expected a list or null"),
+    ("privacy.budget", [1.0], "'privacy.budget'.*epsilon > 0"),
+    ("privacy.budget", [0, 0], "'privacy.budget'.*epsilon > 0"),
+    ("privacy.budget", [1, 1], "'privacy.budget'.*delta in \\[0, 1\\)"),
     # a block that only fits another source
     ("data.synthetic", {"n_samples": 10}, "'data.synthetic'.*synthetic:blobs"),
 ]
@@ -253,8 +267,8 @@ def test_invalid_value_is_rejected_naming_the_key(dotted, value, message):
         ({"r_source": "threshold"}, "privacy.r_value", "'threshold' needs a float >= 0"),
         ({"r_source": "threshold", "r_value": -0.5}, "privacy.r_value", ">= 0"),
         ({"r_source": "threshold", "r_value": "1"}, "privacy.r_value", "expected int or float"),
-        ({"r_source": "passes"}, "privacy.r_value", "'passes' needs an int >= 1"),
         ({"r_source": "passes", "r_value": 2.5}, "privacy.r_value", "'passes' needs an int"),
+        ({"r_source": "private", "r_value": 3}, "privacy.r_value", "'private' computes r itself"),
         ({"r_source": "passes", "r_value": 0}, "privacy.r_value", ">= 1"),
         ({"r_source": "passes", "r_value": True}, "privacy.r_value", "expected int or float"),
     ],
@@ -270,6 +284,17 @@ def test_r_value_accepted_forms():
     assert threshold.r_value == 0.0 and isinstance(threshold.r_value, float)
     passes = _from({**MINIMAL, "privacy": {"r_source": "passes", "r_value": 4}}).privacy
     assert passes.r_value == 4 and isinstance(passes.r_value, int)
+    default = _from({**MINIMAL, "privacy": {"r_source": "passes"}}).privacy
+    assert default.r_value is None  # DEFAULT_PASSES
+
+
+def test_bounds_budget_and_pure_dp_accepted_forms():
+    cfg = _from({**MINIMAL, "data": {"source": "sklearn:digits", "bounds": [0, 16]},
+                 "privacy": {"epsilon": 1, "delta": 0, "budget": [4, 0]}})
+    assert cfg.data.bounds == [0, 16] and cfg.privacy.delta == 0.0 and cfg.privacy.budget == [4, 0]
+    per_feature = _from({**MINIMAL, "data": {"source": "sklearn:digits", "bounds": [0, [1, 2, 3]]}})
+    assert per_feature.data.bounds == [0, [1, 2, 3]]
+    assert PipelineConfig.from_dict(cfg.to_dict(), base_dir=".") == cfg
 
 
 @pytest.mark.parametrize("missing", ["name", "output", "data"])
@@ -400,7 +425,7 @@ def test_with_overrides_creates_optional_sections():
         ({"model.n_componets": 3}, "unknown key 'model.n_componets' in the overrides"),
         ({"cluster.n_workers": 0}, "'cluster.n_workers' in the overrides.*>= 1"),
         ({"name.value": 1}, "cannot override 'name.value'.*'name' is a value"),
-        ({"privacy.r_source": "passes"}, "'privacy.r_value' in the overrides.*'passes'"),
+        ({"privacy.r_source": "threshold"}, "'privacy.r_value' in the overrides.*'threshold'"),
     ],
 )
 def test_with_overrides_validates(overrides, message):
@@ -424,3 +449,54 @@ def test_shipped_pipeline_files_are_valid(name):
     path = Path(__file__).parents[2] / "pipelines" / name
     cfg = (load_federated_config if name.startswith("federated") else load_config)(path)
     assert cfg.name and cfg.output
+
+
+DP_PIPELINES = {"quickstart.yaml": 64, "breast_cancer.yaml": 30, "mnist_idx.yaml": 784}
+
+
+@pytest.mark.parametrize("name", sorted(DP_PIPELINES))
+def test_shipped_dp_pipelines_use_public_bounds(name):
+    """No warning, and the feature bounds of the release are public."""
+    import warnings
+
+    from kahm_dask.pipeline.data import feature_bounds
+    from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
+    from kahm_dask.privacy.randomness import PrivacyLeakWarning
+
+    cfg = load_config(Path(__file__).parents[2] / "pipelines" / name)
+    assert cfg.privacy.epsilon is not None and cfg.privacy.delta == 0
+    assert cfg.privacy.r_source == "passes" and cfg.privacy.cluster_on == "noisy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        lower, upper, source = feature_bounds(cfg.data, DP_PIPELINES[name])
+    assert source == BOUNDS_PUBLIC and lower.shape == (DP_PIPELINES[name],)
+    if name == "mnist_idx.yaml":
+        import numpy as np
+
+        np.testing.assert_allclose(upper, np.tanh(1.0)) and np.testing.assert_array_equal(lower, 0)
+
+
+def test_large_synthetic_bounds_are_the_generators_range():
+    cfg = load_config(Path(__file__).parents[2] / "pipelines" / "large_synthetic.yaml")
+    assert cfg.data.bounds == [0, 1] and cfg.data.scale == "none"
+
+
+def test_breast_cancer_bounds_cover_the_data_set():
+    """The file's bounds come from the data set's documented ranges, rounded outward: they
+    hold every row (a real owner states them from domain knowledge)."""
+    import numpy as np
+    from sklearn.datasets import load_breast_cancer
+
+    from kahm_dask.pipeline.data import raw_bounds
+
+    cfg = load_config(Path(__file__).parents[2] / "pipelines" / "breast_cancer.yaml")
+    lower, upper = raw_bounds(cfg.data, 30)
+    X = load_breast_cancer().data
+    assert np.all(X >= lower) and np.all(X <= upper)
+
+
+def test_own_npz_template_asks_for_bounds():
+    text = (Path(__file__).parents[2] / "pipelines" / "own_npz.yaml").read_text()
+    assert "# bounds: [0, 255]" in text and "FILL IN" in text
+    cfg = load_config(Path(__file__).parents[2] / "pipelines" / "own_npz.yaml")
+    assert cfg.data.bounds is None  # until the owner fills it in: the warning path

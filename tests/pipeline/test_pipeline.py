@@ -1,9 +1,11 @@
 """The Dask pipeline against the in-memory classifier, on real scheduler/worker processes.
 
-ARCHITECTURE.md: given the same partition labels and seed, the pipeline and
+Given the same partition labels, seed and noise, the pipeline and
 ``KAHMClassifier.fit(X, y, partition=labels)`` build the same cluster models and give the same
-predictions. Also: resume after a lost cluster, the CLI end to end, and no private training
-row in any file the DP pipeline writes.
+predictions. The noise is fixed on both sides with ``insecure_noise_seed`` (tests only: it
+voids the guarantee and warns); both draw it block-addressed, so chunking does not change it.
+Also: resume after a lost cluster, the CLI end to end with its folder layout, and no private
+training row in the publishable folder (tests/pipeline/test_release_boundary.py scans it fully).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, predict_to_store
 from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 from .._cluster import subprocess_cluster
 
@@ -53,6 +56,7 @@ def _within_class_partition(X, y, block_size, seed=0):
     return labels
 
 
+@pytest.mark.filterwarnings("ignore::kahm_dask.privacy.randomness.PrivacyLeakWarning")
 @pytest.mark.parametrize("epsilon", [None, 2.0])
 def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler_address, epsilon):
     block_size = 60  # ~2 clusters per digit class: the min/argmin reductions are exercised
@@ -60,7 +64,9 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
     assert labels.max() >= 1
     store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=200)
     params = TrainParams(20, 5, epsilon=epsilon)
-    settings = TrainSettings(params, seed=7, block_size=block_size)
+    # the same noise on both sides: a fixed (insecure, test-only) seed and the same bounds
+    noise = dict(insecure_noise_seed=123) if epsilon is not None else {}
+    settings = TrainSettings(params, seed=7, block_size=block_size, bounds=(0.0, 1.0), **noise)
     with Client(scheduler_address) as client:
         summary = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "work", settings, client,
                                  partition=labels, progress=False)
@@ -68,7 +74,7 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
                                  tmp_path / "pred.zarr", client)
     assert summary["n_clusters"] == len(set(zip(digits.y_train, labels)))
 
-    clf = KAHMClassifier(20, 5, block_size, random_state=7, epsilon=epsilon)
+    clf = KAHMClassifier(20, 5, block_size, random_state=7, epsilon=epsilon, bounds=(0.0, 1.0), **noise)
     clf.fit(digits.X_train, digits.y_train, partition=labels)
     classes = np.asarray(group.attrs["classes"])
     np.testing.assert_array_equal(classes[group[PREDICTIONS][:]], clf.predict(digits.X_test))
@@ -83,7 +89,7 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
 def test_resume_recomputes_only_missing_clusters(tmp_path, digits):
     labels = _within_class_partition(digits.X_train, digits.y_train, 60)
     store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
-    settings = TrainSettings(TrainParams(10, 2, epsilon=1.0), seed=3, block_size=60)
+    settings = TrainSettings(TrainParams(10, 2, epsilon=1.0), seed=3, block_size=60, bounds=(0.0, 1.0))
     first = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, partition=labels, progress=False)
     assert first["n_resumed"] == 0
     before = load_cluster(cluster_dir(tmp_path / "m.zarr", 3, 1)).distance(digits.X_test)
@@ -113,7 +119,7 @@ def test_building_the_prediction_graph_loads_no_model(tmp_path, digits, monkeypa
     assert D.compute(scheduler="synchronous").shape == (digits.X_test.shape[0], 10) and loads
 
 
-def _write_pipeline(tmp_path: Path, extra: str = "") -> Path:
+def _write_pipeline(tmp_path: Path, extra: str = "", data: str = "") -> Path:
     cfg = tmp_path / "p.yaml"
     cfg.write_text(
         f"""
@@ -121,6 +127,8 @@ name: test-run
 output: {tmp_path / 'run'}
 data:
   source: sklearn:digits
+  bounds: [0, 16]
+{data}
 model:
   n_components: 10
   n_layers: 2
@@ -134,36 +142,69 @@ cluster:
     return cfg
 
 
-def test_cli_run_writes_report_and_no_training_row(tmp_path, digits):
+def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
     cfg = _write_pipeline(tmp_path)
     result = CliRunner().invoke(main, ["run", str(cfg), "--no-progress"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    run = tmp_path / "run"
+    public, owner = run / "public", run / "owner"
+    report = json.loads((owner / "report.json").read_text())
     for key in ("accuracy", "mis", "attack_auc", "fit_seconds", "predict_seconds", "n_train", "n_test",
-                "epsilon", "delta", "d", "n_components", "n_layers"):
+                "epsilon", "delta", "d", "n_components", "n_layers", "seed", "privacy", "bounds_source"):
         assert key in report
     assert report["accuracy"] > 0.85 and report["n_train"] == len(digits.y_train)
-    assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "samples.png").exists()
-    # the DP noise seed is a secret: fresh entropy, kept on the private side only
-    assert report["seed"] == "secret"
+    assert report["delta"] == 0 and report["d"] == 1.0 and report["r_source"] == "passes"
+    assert report["cluster_on"] == "noisy" and isinstance(report["seed"], int)  # public now
+    assert report["privacy"]["ledger"]["epsilon_total"] == 2.0
+    assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "fabricated.png", "model.zarr"]
+    assert (owner / "report.md").exists() and (owner / "distances.png").exists()
+    assert (owner / "predictions.zarr").is_dir() and (owner / "data" / "train.zarr").is_dir()
+    assert not list(run.rglob("samples.png")) and not list(run.rglob("secret_seed.json"))
+    # the console says where each folder is
+    assert f"Public folder (may be published: DP model store, PRIVACY.md): {public}" in result.output
+    assert f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}" in result.output
     from kahm_dask.pipeline.modelstore import read_manifest
 
-    assert read_manifest(tmp_path / "run" / "model.zarr")["seed"] is None
-    assert (tmp_path / "run" / "work" / "secret_seed.json").exists()
+    manifest = read_manifest(public / "model.zarr")
+    assert manifest["seed"] == report["seed"]
+    assert manifest["privacy"]["release_id"] == report["privacy"]["release_id"]
 
-    # No original training row in anything released: the model store and the reports.
-    released = [p for p in (tmp_path / "run").rglob("*") if p.is_file()
-                and "data" not in p.relative_to(tmp_path / "run").parts[:1]
-                and "work" not in p.relative_to(tmp_path / "run").parts[:1]]
-    assert any("model.zarr" in str(p) for p in released)
-    blob = b"".join(p.read_bytes() for p in released)
-    X_tr = split_and_scale(*load_bundled("digits"), split_seed=0).X_train
-    hits = sum(X_tr[i].tobytes() in blob for i in range(len(X_tr)))
-    assert hits == 0
-    for path in (tmp_path / "run" / "model.zarr" / "clusters").iterdir():
+    # No original training row in anything publishable (the full scan is in test_release_boundary)
+    blob = b"".join(p.read_bytes() for p in public.rglob("*") if p.is_file())
+    X_tr = zarr.open_array(str(owner / "data" / "train.zarr" / "X"), mode="r")[...]
+    assert sum(X_tr[i].tobytes() in blob for i in range(len(X_tr))) == 0
+    for path in (public / "model.zarr" / "clusters").iterdir():
         fab = zarr.open_group(str(path), mode="r")["fabricated"][:]
         dist = np.sqrt(((fab[:, None, :] - X_tr[None, :, :]) ** 2).sum(-1)).min(axis=1)
         assert dist.min() > 1e-9
+
+
+def test_cli_run_budget_refuses_a_second_release(tmp_path):
+    cfg = _write_pipeline(tmp_path)
+    runner = CliRunner()
+    first = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0"], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    # another release from the same training store (the noisy rows lost): beyond the budget
+    import shutil
+
+    shutil.rmtree(tmp_path / "run" / "owner" / "work")
+    shutil.rmtree(tmp_path / "run" / "public" / "model.zarr")
+    second = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0"])
+    assert second.exit_code == 1
+    assert "BudgetExceededError" in second.output and "beyond the budget" in second.output
+    assert "No noise was drawn" in second.output
+    assert not (tmp_path / "run" / "owner" / "work" / "X_noisy").exists()
+
+
+def test_cli_run_without_public_bounds_warns_and_says_so(tmp_path):
+    cfg = _write_pipeline(tmp_path).read_text().replace("  bounds: [0, 16]\n", "")
+    (tmp_path / "q.yaml").write_text(cfg)
+    with pytest.warns(PrivacyLeakWarning, match="data.bounds"):
+        result = CliRunner().invoke(main, ["run", str(tmp_path / "q.yaml"), "--no-progress"],
+                                    catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    statement = (tmp_path / "run" / "public" / "PRIVACY.md").read_text()
+    assert "from the private data" in statement and "bounds (and d) were taken from the private data" in statement
 
 
 def test_cli_rejects_unknown_yaml_key(tmp_path):

@@ -4,8 +4,10 @@
   starts them with ``--no-nanny``, so a SIGKILLed worker stays dead);
 * :func:`pipeline_yaml` — the synthetic DP pipeline used by the slow tests (≈ 20 cluster tasks
   of ≈ 250 rows, dask-ml k-means with S = 2 per class, ε = 2, fully post-processed);
+* :func:`start_from_noise_of` — give a new run folder the stored noisy rows of another run, so
+  that two runs of secure (never repeated) noise can be compared bit for bit;
 * :func:`run_fingerprint` — every array and attribute of a run's model store and predictions,
-  to compare two runs bit for bit (task timings excluded);
+  to compare two runs bit for bit;
 * :class:`RowScanner` — finds original training rows (exact or to 1e-9) anywhere in a file,
   a Zarr store, a text or a Python object, whatever the layout.
 """
@@ -16,6 +18,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -56,6 +59,7 @@ data:
     n_features: 16
     n_classes: 10
   chunk_rows: 1000
+  bounds: [0, 1]
 model:
   n_components: 20
   n_layers: 5
@@ -78,7 +82,8 @@ def pipeline_yaml(path: Path, output: Path, *, n_workers: int = 2, scheduler: st
                   processes: bool = True, seed: int | None = 11) -> Path:
     """Write the synthetic pipeline file to ``path``; returns ``path``.
 
-    ``seed=None`` is the default of real runs: fresh entropy kept in ``<output>/work``.
+    ``seed=None`` is the default of real runs: a k-means seed drawn once and kept in
+    ``<output>/owner/work``.
     """
     if scheduler is not None:
         cluster = f"  scheduler: {scheduler}"
@@ -100,6 +105,22 @@ def run_pipeline_file(path: Path, client=None) -> dict:
         return run_pipeline(cfg, client, progress=False)
     with connect(cfg.cluster) as own:
         return run_pipeline(cfg, own, progress=False)
+
+
+def run_stores(run: Path) -> tuple[Path, Path]:
+    """``(model store, predictions)`` of a DP run folder (``public/`` and ``owner/``)."""
+    return Path(run) / "public" / "model.zarr", Path(run) / "owner" / "predictions.zarr"
+
+
+def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
+    """Copy the data stores (with their ledger) and the stored noisy rows (with their marker
+    and noise_id) of the run folder ``src_run`` into a new run folder ``dst_run``: a run there
+    reuses them, so it can be compared bit for bit with ``src_run`` although the noise is
+    secure (never drawn twice). Nothing else of ``src_run`` is copied."""
+    src, dst = Path(src_run) / "owner", Path(dst_run) / "owner"
+    dst.mkdir(parents=True)
+    shutil.copytree(src / "data", dst / "data")
+    shutil.copytree(src / "work" / "X_noisy", dst / "work" / "X_noisy")
 
 
 def complete_clusters(model_path: Path) -> int:
@@ -132,10 +153,7 @@ def _arrays(root: Path) -> dict[str, np.ndarray]:
 def _attrs(root: Path) -> dict[str, dict]:
     out = {}
     for meta in sorted(root.rglob("zarr.json")):
-        attrs = json.loads(meta.read_text()).get("attributes", {})
-        if "info" in attrs:  # per-task timing differs from run to run
-            attrs = {**attrs, "info": {k: v for k, v in attrs["info"].items() if k != "seconds"}}
-        out[str(meta.parent.relative_to(root))] = attrs
+        out[str(meta.parent.relative_to(root))] = json.loads(meta.read_text()).get("attributes", {})
     return out
 
 
@@ -300,4 +318,4 @@ def baseline_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def baseline_fingerprint(baseline_run) -> dict:
-    return run_fingerprint(baseline_run / "model.zarr", baseline_run / "predictions.zarr")
+    return run_fingerprint(*run_stores(baseline_run))

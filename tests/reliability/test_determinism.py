@@ -1,12 +1,16 @@
-"""Determinism: the same seed gives bit-identical models and predictions across runs and
-across 1 vs 2 workers (issue item 5; docs/reliability.md §5).
+"""Determinism: the same seed (and, for a DP run, the same noisy rows) gives bit-identical
+models and predictions across runs and across 1 vs 2 workers (docs/reliability.md).
 
-Why it holds: every random draw comes from one root ``SeedSequence`` spawned per row block
-(noise), class (partition) and attempt, never from the worker or the task order; every task
-is a pure function of its inputs; BLAS runs one thread per task (a multi-threaded BLAS may
-sum in another order); reductions (min over clusters, argmin over classes) are exact.
-The slow tests also compare runs that were interrupted (test_worker_loss,
-test_interrupted_run) with the same baseline.
+Why it holds: the DP noise is drawn once per run from the operating system's secure generator
+and stored (a resumed or repeated run on the same work store reuses it); every other random
+draw (k-means) comes from one root ``SeedSequence`` spawned per class and attempt, never from
+the worker or the task order; every task is a pure function of its inputs; BLAS runs one thread
+per task (a multi-threaded BLAS may sum in another order); reductions (min over clusters,
+argmin over classes) are exact. Two DP fits with the same seed and fresh noise must differ:
+the seed is public. To compare two code paths on the same noise, the tests fix it with
+``insecure_noise_seed`` (which voids the guarantee). The slow tests also compare runs that were
+interrupted (test_worker_loss, test_interrupted_run) with the same baseline, started from the
+baseline's stored noisy rows.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
-from .conftest import assert_same_fingerprint, pipeline_yaml, run_fingerprint, run_pipeline_file
+from .conftest import (
+    assert_same_fingerprint,
+    pipeline_yaml,
+    run_fingerprint,
+    run_pipeline_file,
+    run_stores,
+    start_from_noise_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,39 +44,67 @@ def blobs():
 
 def _state(clf: KAHMClassifier) -> bytes:
     """Everything a fitted classifier holds (its pickle), for bitwise comparison."""
-    return pickle.dumps({k: v for k, v in vars(clf).items() if k.endswith("_")})
+    return pickle.dumps({k: v for k, v in vars(clf).items() if k.endswith("_") and k != "privacy_statement_"})
 
 
+@pytest.mark.filterwarnings("ignore::kahm_dask.privacy.randomness.PrivacyLeakWarning")
 @pytest.mark.parametrize("kw", [{}, {"epsilon": 2.0}, {"epsilon": 2.0, "dp_data": "noisy"},
                                 {"epsilon": 1.0, "r_source": "passes", "r_value": 3, "cluster_on": "noisy"}],
                          ids=["non-private", "fabricated", "noisy", "post-processed"])
 def test_estimator_same_seed_same_bits(blobs, kw):
     X, y, Q = blobs
+    if kw:  # the same noise on both fits (test only)
+        kw = {**kw, "insecure_noise_seed": 1}
     a = KAHMClassifier(5, 3, 100, random_state=7, **kw).fit(X, y)
     b = KAHMClassifier(5, 3, 100, random_state=7, **kw).fit(X, y)
     assert _state(a) == _state(b)
     assert a.class_distances(Q).tobytes() == b.class_distances(Q).tobytes()
     if kw:
-        c = KAHMClassifier(5, 3, 100, random_state=8, **kw).fit(X, y)
+        c = KAHMClassifier(5, 3, 100, random_state=8, **{**kw, "insecure_noise_seed": 2}).fit(X, y)
         assert not np.array_equal(a.class_distances(Q), c.class_distances(Q))
 
 
+@pytest.mark.filterwarnings("ignore::kahm_dask.privacy.randomness.PrivacyLeakWarning")
+def test_estimator_same_seed_fresh_noise_differs(blobs):
+    """The seed is public: without the test-only seed two DP fits never share noise."""
+    X, y, Q = blobs
+    a = KAHMClassifier(5, 3, 100, random_state=7, epsilon=2.0, dp_data="noisy").fit(X, y)
+    b = KAHMClassifier(5, 3, 100, random_state=7, epsilon=2.0, dp_data="noisy").fit(X, y)
+    assert not np.array_equal(a.dp_data_[0], b.dp_data_[0])
+
+
+@pytest.mark.filterwarnings("ignore::kahm_dask.privacy.randomness.PrivacyLeakWarning")
 def test_pipeline_same_seed_same_bits_with_threads(tmp_path, blobs):
     X, y, _ = blobs
     store = write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=64)
-    settings = TrainSettings(TrainParams(5, 3, epsilon=2.0), seed=5, block_size=100)  # S = 1
+    settings = TrainSettings(TrainParams(5, 3, epsilon=2.0), seed=5, block_size=100,  # S = 1
+                             insecure_noise_seed=3)
     fps = []
     for run in ("a", "b"):
         train_pipeline(store, tmp_path / f"{run}.zarr", tmp_path / f"{run}.work", settings, progress=False)
         fps.append(run_fingerprint(tmp_path / f"{run}.zarr"))
+    for fp in fps:  # the release id is random whatever the noise
+        fp["manifest"]["kahm_dask_model"]["privacy"].pop("release_id")
     assert_same_fingerprint(*fps)
 
 
+def test_pipeline_same_seed_same_noisy_rows_same_bits(tmp_path, blobs):
+    """Secure noise: a second run on the same work store reuses the stored noisy rows and
+    rebuilds the same model bit for bit."""
+    X, y, _ = blobs
+    store = write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=64)
+    settings = TrainSettings(TrainParams(5, 3, epsilon=2.0), seed=5, block_size=100, bounds=(X.min(), X.max()))
+    train_pipeline(store, tmp_path / "a.zarr", tmp_path / "w", settings, progress=False)
+    train_pipeline(store, tmp_path / "b.zarr", tmp_path / "w", settings, progress=False)
+    assert_same_fingerprint(run_fingerprint(tmp_path / "a.zarr"), run_fingerprint(tmp_path / "b.zarr"))
+
+
 @pytest.mark.slow
-def test_pipeline_one_worker_equals_two_workers(tmp_path, baseline_fingerprint):
+def test_pipeline_one_worker_equals_two_workers(tmp_path, baseline_run, baseline_fingerprint):
+    start_from_noise_of(baseline_run, tmp_path / "run")
     cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", n_workers=1)
     run_pipeline_file(cfg)
-    one = run_fingerprint(tmp_path / "run" / "model.zarr", tmp_path / "run" / "predictions.zarr")
+    one = run_fingerprint(*run_stores(tmp_path / "run"))
     assert_same_fingerprint(baseline_fingerprint, one)
 
 

@@ -1,9 +1,10 @@
 """Interrupted runs: kill ``kahm-dask run`` mid-training, rerun the same command
 (issue item 3; docs/reliability.md §3).
 
-The rerun must resume — reuse the data stores, the secret seed and every complete cluster,
-recompute only the missing clusters — and give the same model and predictions, bit for bit,
-as an uninterrupted run. Between the kill and the rerun no half-written cluster may be
+The rerun must resume — reuse the data stores, the stored noisy rows (never drawn again), the
+k-means seed and every complete cluster, recompute only the missing clusters — and give the
+same model and predictions, bit for bit, as an uninterrupted run from the same noisy rows (the
+run folder starts from a copy of the baseline's: ``start_from_noise_of``). Between the kill and the rerun no half-written cluster may be
 readable. Two ways to die: SIGKILL of the whole process group (client, scheduler, nannies and
 workers at once, as when a batch job is killed) and SIGTERM of the main process only (the
 LocalCluster's workers are orphaned and must go away by themselves).
@@ -33,6 +34,8 @@ from .conftest import (
     n_planned_clusters,
     pipeline_yaml,
     run_fingerprint,
+    run_stores,
+    start_from_noise_of,
 )
 
 pytestmark = pytest.mark.slow
@@ -59,17 +62,19 @@ def _alive_in_group(pgid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("how", ["SIGKILL the process group", "SIGTERM the main process"])
-def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_fingerprint):
-    # SIGKILL case: `seed: null`, the default of real runs (the seed is entropy kept in
-    # <output>/work/secret_seed.json and reused on resume). The file is planted with the
-    # baseline's seed so that the result can be compared with the baseline.
-    secret_seed = how.startswith("SIGKILL")
-    cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", n_workers=2, seed=None if secret_seed else 11)
-    secret = tmp_path / "run" / "work" / "secret_seed.json"
-    if secret_seed:
-        secret.parent.mkdir(parents=True)
-        secret.write_text(json.dumps({"entropy": 11}))
-    model, pred = tmp_path / "run" / "model.zarr", tmp_path / "run" / "predictions.zarr"
+def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_run, baseline_fingerprint):
+    # SIGKILL case: `seed: null`, the default of real runs (the k-means seed is drawn once, kept
+    # in <output>/owner/work/kmeans_seed.json and reused on resume). The file is planted with
+    # the baseline's seed so that the result can be compared with the baseline.
+    drawn_seed = how.startswith("SIGKILL")
+    start_from_noise_of(baseline_run, tmp_path / "run")
+    cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", n_workers=2, seed=None if drawn_seed else 11)
+    seed_file = tmp_path / "run" / "owner" / "work" / "kmeans_seed.json"
+    if drawn_seed:
+        seed_file.write_text(json.dumps({"seed": 11}))
+    model, pred = run_stores(tmp_path / "run")
+    noisy = tmp_path / "run" / "owner" / "work" / "X_noisy" / "_COMPLETE.json"
+    noise_marker = noisy.read_text()
     env = {**os.environ, **BLAS_ENV}
     with open(tmp_path / "first.log", "wb") as log:
         proc = subprocess.Popen(_command(cfg), cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -93,7 +98,7 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_fingerprin
     planned, done = n_planned_clusters(model), complete_clusters(model)
     print(f"{how}: {done}/{planned} clusters complete at the kill")
     assert 1 <= done < planned, "the kill did not land mid-training"
-    assert secret.exists() == secret_seed
+    assert seed_file.exists() == drawn_seed
     leftovers = []
     for d in (model / "clusters").iterdir():  # nothing half-written is readable
         if not (d / "_COMPLETE.json").exists():
@@ -107,17 +112,19 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_fingerprin
         rerun = subprocess.run(_command(cfg), cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                timeout=900)
     assert rerun.returncode == 0, (tmp_path / "second.log").read_text()[-3000:]
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    report = json.loads((tmp_path / "run" / "owner" / "report.json").read_text())
     assert report["n_clusters_resumed"] == done and report["n_clusters"] == planned
     resumed = run_fingerprint(model, pred)
 
-    # nothing released (leftovers of the killed writers included) holds a training row
-    train = zarr.open_array(str(tmp_path / "run" / "data" / "train.zarr" / "X"), mode="r")[...]
+    # nothing publishable (leftovers of the killed writers included) holds a training row
+    train = zarr.open_array(str(tmp_path / "run" / "owner" / "data" / "train.zarr" / "X"), mode="r")[...]
     scanner = RowScanner(train)
-    assert scanner.in_tree(model) == {} and scanner.in_tree(pred) == {}
+    assert scanner.in_tree(tmp_path / "run" / "public") == {}
 
     assert_same_fingerprint(baseline_fingerprint, resumed)
-    if secret_seed:
-        assert json.loads(secret.read_text()) == {"entropy": 11}
-        assert json.loads((tmp_path / "run" / "model.zarr" / "zarr.json").read_text()).get(
-            "attributes", {}).get("kahm_dask_model", {}).get("seed", "absent") is None
+    assert noisy.read_text() == noise_marker  # the noisy rows were never redrawn
+    assert len(json.loads((tmp_path / "run" / "owner" / "data" / "train.zarr.privacy-ledger.json")
+                          .read_text())["entries"]) == 1
+    if drawn_seed:
+        assert json.loads(seed_file.read_text()) == {"seed": 11}
+        assert report["seed"] == 11

@@ -99,7 +99,7 @@ class MemorySampler:
 
 @pytest.mark.slow
 def test_eight_concurrent_prediction_requests(tmp_path, baseline_run):
-    model = baseline_run / "model.zarr"
+    model = baseline_run / "public" / "model.zarr"
     n_requests, n_rows, chunk = 8, 2000, 500
     inputs = [synthetic_blobs(n_rows, 16, 10, seed=200 + i, chunk_rows=n_rows)[0].compute() for i in range(n_requests)]
     refs = [_reference(model, x, chunk) for x in inputs]

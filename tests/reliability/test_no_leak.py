@@ -6,9 +6,12 @@ in numbers printed as text, in every *decompressed* Zarr array (C and Fortran or
 every array reachable from a Python object. A byte scan alone would miss rows in Zarr chunks,
 which are compressed. ``test_scanner_finds_planted_rows`` shows it finds rows in each form.
 
-The run directory's ``data/`` and ``work/`` hold private rows by design (the data owner's side,
-never released); the released artefacts are everything else: ``model.zarr``,
-``predictions.zarr``, ``report.json``, ``report.md``, plots and the run's log.
+A run folder is split at the release boundary: ``public/`` (``model.zarr``, ``PRIVACY.md``, the
+plot of fabricated rows) may be published; ``owner/`` stays with the data owner (``data/`` and
+``work/`` hold private rows by design; the report, predictions and distances are computed on
+private rows). The released artefacts are ``public/`` and the run's console log; the owner's
+report is scanned too (it must hold statistics, never rows).
+tests/pipeline/test_release_boundary.py scans the quickstart run's ``public/`` exhaustively.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import GROUPED_X, TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 from .conftest import RowScanner, assert_same_fingerprint, run_fingerprint
 
@@ -65,7 +69,9 @@ def test_scanner_finds_planted_rows(tmp_path, digits, scanner):
 
 
 def _released(run: Path) -> list[Path]:
-    return [run / name for name in os.listdir(run) if name not in ("data", "work")]
+    """The publishable folder, the console log and the owner's reports (no rows in any)."""
+    owner = run / "owner"
+    return [run / "public", run / "run.log"] + [owner / n for n in os.listdir(owner) if n not in ("data", "work")]
 
 
 @pytest.mark.parametrize("variant,processes", [
@@ -80,6 +86,7 @@ name: leak
 output: {run}
 data:
   source: sklearn:digits
+  bounds: [0, 16]
 model:
   n_components: 10
   n_layers: 2
@@ -101,22 +108,28 @@ cluster:
     assert proc.returncode == 0, (run / "run.log").read_text()[-3000:]
     released = _released(run)
     names = {p.name for p in released}
-    assert {"model.zarr", "predictions.zarr", "report.json", "report.md", "run.log"} <= names
-    assert (run / "model.zarr" / "clusters").is_dir() and (run / "run.log").stat().st_size > 1000
-
+    assert {"public", "predictions.zarr", "report.json", "report.md", "run.log"} <= names
+    assert (run / "public" / "model.zarr" / "clusters").is_dir() and (run / "run.log").stat().st_size > 1000
+    # the rows as stored (the digits scaled by their public bounds 0..16: the fixture's rows
+    # divided by 16 up to the private min/max scaling of the fixture) and as raw digits
+    stored = zarr.open_array(str(run / "owner" / "data" / "train.zarr" / "X"), mode="r")[...]
+    assert stored.shape == digits.X_train.shape
     leaks = {}
-    for path in released:
-        leaks.update(scanner.in_tree(path) if path.is_dir() else {str(path): scanner.in_file(path)})
+    for rows in (stored, load_bundled("digits")[0], digits.X_train):
+        row_scanner = RowScanner(rows)
+        for path in released:
+            leaks.update(row_scanner.in_tree(path) if path.is_dir() else {str(path): row_scanner.in_file(path)})
     assert {k: sorted(v)[:5] for k, v in leaks.items() if v} == {}
 
     # the private side does hold the rows (so the scan can see them), and nothing else may
-    private = scanner.in_zarr_arrays(run / "data") | scanner.in_zarr_arrays(run / "work")
-    assert len(set().union(*private.values())) == len(digits.X_train)
+    private = RowScanner(stored).in_zarr_arrays(run / "owner" / "data")
+    assert len(set().union(*private.values())) == len(stored)
 
 
 @pytest.mark.parametrize("dp_data", ["fabricated", "noisy"])
 def test_pickled_dp_estimator_holds_no_training_row(digits, scanner, dp_data):
-    clf = KAHMClassifier(10, 2, random_state=0, epsilon=2.0, dp_data=dp_data).fit(digits.X_train, digits.y_train)
+    clf = KAHMClassifier(10, 2, random_state=0, epsilon=2.0, dp_data=dp_data, bounds=(0.0, 1.0)).fit(
+        digits.X_train, digits.y_train)
     assert scanner.in_object(clf) == set()
     assert scanner.in_bytes(pickle.dumps(clf)) == set()
 
@@ -130,9 +143,10 @@ def blobs(tmp_path):
     return write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=100), X
 
 
-def _train(store, tmp_path, name, r_source, r_value, cluster_on):
+def _train(store, tmp_path, name, r_source, r_value, cluster_on, **kw):
     params = TrainParams(6, 2, epsilon=2.0, r_source=r_source, r_value=r_value)
-    settings = TrainSettings(params, seed=9, block_size=100, cluster_on=cluster_on)  # S = 2 per class
+    settings = TrainSettings(params, seed=9, block_size=100, cluster_on=cluster_on,  # S = 2 per class
+                             bounds=(0.0, 1.0), **kw)
     train_pipeline(store, tmp_path / f"{name}.zarr", tmp_path / f"{name}.work", settings, progress=False)
     return tmp_path / f"{name}.zarr"
 
@@ -163,8 +177,11 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
     monkeypatch.setattr(tasks_mod, "_read_slice", spy_read)
     monkeypatch.setattr(train_mod, "partition_classes", spy_partition)
     monkeypatch.setattr(tasks_mod, "fabricate_subset", spy_fab)
-    model = _train(store, tmp_path, "a", r_source, r_value, "noisy")
+    # the same noise for both trainings (test-only seed), so that they can be compared
+    with pytest.warns(PrivacyLeakWarning, match="fixed seed"):
+        model = _train(store, tmp_path, "a", r_source, r_value, "noisy", insecure_noise_seed=5)
     assert GROUPED_X not in reads and reads
+    assert not (tmp_path / "a.work" / GROUPED_X).exists()  # no private copy is even made
     assert r_inputs and all(r is None for r in r_inputs)
     noisy = zarr.open_array(str(tmp_path / "a.work" / "X_noisy"), mode="r")[...]
     by_class = np.argsort(store.y(), kind="stable")  # k-means runs on the class-grouped copy
@@ -177,26 +194,32 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
         return np.zeros_like(out) if name == GROUPED_X else out
 
     monkeypatch.setattr(tasks_mod, "_read_slice", zeros_read)
-    other = _train(store, tmp_path, "b", r_source, r_value, "noisy")
-    assert_same_fingerprint(run_fingerprint(model), run_fingerprint(other))
-    # nothing but the DP rows, the models and the cluster table is released: no r, no labels
+    with pytest.warns(PrivacyLeakWarning, match="fixed seed"):
+        other = _train(store, tmp_path, "b", r_source, r_value, "noisy", insecure_noise_seed=5)
+    fps = [run_fingerprint(model), run_fingerprint(other)]
+    for fp in fps:  # a random id per release, whatever the noise
+        fp["manifest"]["kahm_dask_model"]["privacy"].pop("release_id")
+    assert_same_fingerprint(*fps)
+    # nothing but the DP rows, the models, the cluster table and public settings is released:
+    # no r, no labels, no timing
     manifest = run_fingerprint(model)["manifest"]["kahm_dask_model"]
     assert all(set(entry) == {"class", "cluster", "n_rows"} for entry in manifest["clusters"])
-    assert manifest["cluster_on"] == "noisy" and manifest["seed"] is None
+    assert manifest["cluster_on"] == "noisy" and manifest["seed"] == 9  # k-means only: public
     for d in (model / "clusters").iterdir():
         assert set(os.listdir(d)) <= {"zarr.json", "_COMPLETE.json", "fabricated"} | {f"layer{k}" for k in range(2)}
         info = json.loads((d / "_COMPLETE.json").read_text())
-        assert set(info) == {"class", "cluster", "n_rows", "passes", "layer_dims", "seconds"}
+        assert set(info) == {"class", "cluster", "n_rows", "passes", "layer_dims"}
 
 
 def test_private_r_and_original_clusters_do_use_the_original_rows(tmp_path, blobs, monkeypatch):
-    """The contrast (documented leaks, docs/privacy.md §4–5): the paper's defaults read them."""
+    """The contrast (documented leaks that warn, docs/privacy.md): the paper's options read them."""
     store, X = blobs
     reads, partition_inputs = [], []
     real_read, real_partition = tasks_mod._read_slice, train_mod.partition_classes
     monkeypatch.setattr(tasks_mod, "_read_slice", lambda *a: reads.append(a[1]) or real_read(*a))
     monkeypatch.setattr(train_mod, "partition_classes",
                         lambda src, *a, **k: partition_inputs.append(np.asarray(src.compute())) or real_partition(src, *a, **k))
-    _train(store, tmp_path, "c", "private", None, "original")
+    with pytest.warns(PrivacyLeakWarning):
+        _train(store, tmp_path, "c", "private", None, "original")
     assert GROUPED_X in reads
     np.testing.assert_array_equal(partition_inputs[0], X[np.argsort(store.y(), kind="stable")])

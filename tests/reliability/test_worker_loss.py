@@ -6,7 +6,8 @@ The scheduler reschedules what the dead worker was running or holding (a task is
 only after ``distributed.scheduler.allowed-failures`` = 3 such deaths → ``KilledWorker``); task
 *exceptions* are retried by the ``retries=2`` of ``client.compute`` in train.py and predict.py.
 Because every task is a pure, seeded function, the result is bit-identical to the
-uninterrupted baseline run.
+uninterrupted baseline run, given the baseline's stored noisy rows (the DP noise is secure and
+never drawn twice, so the run starts from a copy of them: ``start_from_noise_of``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from .conftest import (
     pipeline_yaml,
     run_fingerprint,
     run_pipeline_file,
+    run_stores,
     sigkill,
+    start_from_noise_of,
 )
 
 pytestmark = pytest.mark.slow
@@ -68,10 +71,11 @@ class Background:
         return self.result
 
 
-def test_worker_killed_mid_training(tmp_path, baseline_fingerprint):
+def test_worker_killed_mid_training(tmp_path, baseline_run, baseline_fingerprint):
+    start_from_noise_of(baseline_run, tmp_path / "run")
+    model, pred = run_stores(tmp_path / "run")
     with subprocess_cluster(tmp_path / "cluster", 2) as cluster, Client(cluster.address) as client:
         cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", scheduler=cluster.address)
-        model = tmp_path / "run" / "model.zarr"
         job = Background(lambda: run_pipeline_file(cfg, client))
         wait_for(lambda: complete_clusters(model) >= 1 or not job.thread.is_alive(), 300,
                  "no cluster finished")
@@ -89,11 +93,11 @@ def test_worker_killed_mid_training(tmp_path, baseline_fingerprint):
           f"{metrics['n_clusters_resumed']} clusters reported as resumed")
     assert 1 <= done < planned, "the kill did not land mid-training"
     assert survivors == 1
-    assert_same_fingerprint(baseline_fingerprint, run_fingerprint(model, tmp_path / "run" / "predictions.zarr"))
+    assert_same_fingerprint(baseline_fingerprint, run_fingerprint(model, pred))
 
 
 def test_worker_killed_mid_prediction(tmp_path, baseline_run):
-    model = baseline_run / "model.zarr"
+    model = run_stores(baseline_run)[0]
     X, _ = synthetic_blobs(8_000, 16, 10, seed=123, chunk_rows=400)  # lazy: generated on the workers
     reference = class_distance_array(model, X).compute(scheduler="threads")
     out = tmp_path / "pred.zarr"
