@@ -1,4 +1,4 @@
-"""Federated KAHM classification by minimum distance (ALGORITHM.md §12, decision A15).
+"""Federated KAHM classification by minimum distance (docs/federated.md).
 
 Parties ("sites") q = 1..Q each fit their own (non-private or DP) :class:`KAHMClassifier`
 on their own rows, for the classes they hold. To classify queries, every site answers with
@@ -6,15 +6,23 @@ two arrays only, its :class:`SiteAnswer` ``(ρ_q, ĉ_q)``:
 
     ρ_q(y) = min_{c ∈ C_q} Γ_{W_c^(q)}(y),     ĉ_q(y) = argmin_{c ∈ C_q} Γ_{W_c^(q)}(y),
 
-and :func:`combine` takes ``q̂ = argmin_q ρ_q(y)`` (ties → lowest site index, A18) and
-returns ``ĉ_q̂(y)``. Neither data nor models cross the site boundary: a :class:`Site` keeps its
+and :func:`combine` takes ``q̂ = argmin_q ρ_q(y)`` (ties → lowest site index) and returns
+``ĉ_q̂(y)``. Neither rows nor models cross the site boundary: a :class:`Site` keeps its
 classifier private and exposes only :meth:`Site.answer`.
 
+Membership evaluation is site-local too (:meth:`FederatedClassifier.membership_evaluation`):
+site q's model is asked about site q's own training rows and the shared test rows only, and
+only per-site summaries (:class:`FederatedMembership`) are combined.
+
 For simulations, :func:`split_sites` cuts one labelled data set into sites (IID, one site per
-class, label skew, Dirichlet), :func:`fit_sites` fits one classifier per site and
-:func:`site_seed` derives each site's seed from one master seed: site q uses the 64-bit
-integer drawn from ``child(SeedSequence(seed), 3, q)`` (stream 3 is next to the classifier's
-noise/partition/model streams 0–2 of §11; the site's classifier then spawns its own).
+class, label skew, Dirichlet) and :func:`fit_sites` fits one classifier per site.
+:func:`site_seed` derives each site's ``random_state`` from one master seed: site q uses the
+64-bit integer drawn from ``child(SeedSequence(seed), 3, q)``. That seed drives only what is
+not private (the k-means steps); the DP noise of every site is drawn from the operating
+system's secure generator (:mod:`kahm_dask.privacy.randomness`), never from a seed, so no two
+sites (and no two fits) share noise. Tests that need reproducible noise set the estimator's
+``insecure_noise_seed``; :func:`fit_sites` then gives site q its own
+:func:`site_noise_seed` (stream 4), so even then no noise is reused across sites.
 """
 
 from __future__ import annotations
@@ -34,9 +42,7 @@ from kahm_dask._validation import check_positive_float, check_positive_int
 from kahm_dask.privacy.membership import (
     MembershipAttack,
     MembershipInference,
-    membership_attack_from_distances,
-    membership_inference_from_distances,
-    training_row_subset,
+    membership_evaluation,
 )
 
 __all__ = [
@@ -51,12 +57,20 @@ __all__ = [
     "site_label_counts",
     "label_heterogeneity",
     "site_seed",
+    "site_noise_seed",
     "fit_sites",
+    "FederatedMembership",
+    "site_membership_evaluation",
+    "membership_fields",
+    "membership_summary",
 ]
 
+#: Child stream of the master seed that seeds the sites' k-means (``random_state``).
 SITE_STREAM = 3
+#: Child stream of a test-only insecure noise seed that gives each site its own noise seed.
+SITE_NOISE_STREAM = 4
 SPLITS = ("iid", "per_class", "label_skew", "dirichlet")
-#: A site's share of a class needs this many rows (a KAHM needs two samples, §3.3).
+#: A site's share of a class needs this many rows (a KAHM needs two samples).
 MIN_ROWS_PER_CLASS = 2
 #: Dirichlet proportions are redrawn at most this often when a site ends up empty.
 MAX_DIRICHLET_DRAWS = 100
@@ -76,9 +90,9 @@ def _frozen_array(values: ArrayLike, dtype: Any = None) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SiteAnswer:
-    """One site's answer for m queries (§12 step 2): the only thing a site releases.
+    """One site's answer for m queries: the only thing a site releases.
 
-    ``min_distance`` (m,) float64 is ρ_q ≥ 0 (+∞ allowed, §3.4), ``label`` (m,) is ĉ_q, the
+    ``min_distance`` (m,) float64 is ρ_q ≥ 0 (+∞ allowed), ``label`` (m,) is ĉ_q, the
     site's class of minimum distance. Both are read-only copies.
     """
 
@@ -103,10 +117,10 @@ class SiteAnswer:
 
 @dataclass(frozen=True)
 class FederatedDecision:
-    """Global decision for m queries (§12 step 3).
+    """Global decision for m queries.
 
     ``label`` (m,) the global class ĉ_q̂, ``min_distance`` (m,) the global minimum distance
-    min_q ρ_q (feeds §8), ``site`` (m,) int64 the winning site index q̂.
+    min_q ρ_q, ``site`` (m,) int64 the winning site index q̂.
     """
 
     label: np.ndarray
@@ -115,7 +129,7 @@ class FederatedDecision:
 
 
 class Site:
-    """One party: a fitted classifier behind the §12 boundary.
+    """One party: a fitted classifier behind the site boundary.
 
     ``model`` is a fitted classifier with ``classes_`` and ``class_distances(X) -> (m, C_q)``
     (a :class:`~kahm_dask.KAHMClassifier`, non-private or DP, on any subset of the classes).
@@ -144,8 +158,8 @@ class Site:
 
 
 def combine(answers: Sequence[SiteAnswer]) -> FederatedDecision:
-    """Minimum-distance combination (§12 step 3): for every query the site with the smallest
-    ρ_q wins (ties → lowest site index, A18) and its ĉ_q is the global label.
+    """Minimum-distance combination: for every query the site with the smallest ρ_q wins
+    (ties → lowest site index) and its ĉ_q is the global label.
 
     answers : Q ≥ 1 :class:`SiteAnswer` of the same m queries, in site order. Labels of all
     sites are stacked into one array, so they should share one type (all ints or all str).
@@ -166,10 +180,10 @@ def combine(answers: Sequence[SiteAnswer]) -> FederatedDecision:
 
 
 class FederatedClassifier:
-    """The global classifier of §12 over fitted :class:`Site` objects.
+    """The global classifier over fitted :class:`Site` objects.
 
     Every prediction asks every site for its :class:`SiteAnswer` and passes only those to
-    :func:`combine`. The global minimum distance feeds the §8 membership metrics.
+    :func:`combine`. Membership is evaluated site by site (:meth:`membership_evaluation`).
     """
 
     def __init__(self, sites: Sequence[Site]) -> None:
@@ -196,11 +210,14 @@ class FederatedClassifier:
         return combine(self.answers(X))
 
     def predict(self, X: ArrayLike) -> np.ndarray:
-        """Global class ĉ_q̂ (m,) (§12 step 3)."""
+        """Global class ĉ_q̂ (m,)."""
         return self.decide(X).label
 
     def min_distance(self, X: ArrayLike) -> np.ndarray:
-        """Global minimum distance min_q ρ_q (m,) = min over all sites' class distances."""
+        """Global minimum distance min_q ρ_q (m,) = min over all sites' class distances.
+
+        X are queries, sent to every site: never a site's training rows (that would hand
+        them to every other site; see :meth:`membership_evaluation`)."""
         return self.decide(X).min_distance
 
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
@@ -209,28 +226,153 @@ class FederatedClassifier:
 
     def membership_evaluation(
         self,
-        X_train: ArrayLike,
+        site_train: Sequence[ArrayLike],
         X_test: ArrayLike,
         *,
         max_train_rows: int | None = None,
         random_state: RandomState = 0,
         **lsdd_kwargs: Any,
-    ) -> tuple[MembershipInference, MembershipAttack]:
-        """§8.3 reports (mis, mis_norm; threshold attack) of the federated classifier.
+    ) -> FederatedMembership:
+        """Membership reports (mis, mis_norm; threshold attack) of every site, site-locally.
 
-        ``X_train`` (n, p) are the **original** training rows of all sites together (§15 A13),
-        ``X_test`` (m, p) the test rows; with ``max_train_rows`` a seeded subset of the training
-        rows is used (§8.1), as in :func:`~kahm_dask.privacy.membership.membership_evaluation`.
+        ``site_train`` : one (n_q, p) array per site, in site order: the **original** training
+        rows of that site. Site q's model is asked about its own rows and ``X_test`` (m, p),
+        the shared evaluation queries, and nothing else (:func:`site_membership_evaluation`,
+        which runs at the site); no site sees another site's training rows, and only the
+        per-site summaries are combined. ``max_train_rows`` caps the rows used per site (a
+        seeded subset); one ``random_state`` seeds every site's evaluation (it is public).
         """
-        root = as_seed_sequence(random_state)
-        X_train = np.asarray(X_train)
-        rows = training_row_subset(X_train.shape[0], max_train_rows, root)
-        d_train = self.min_distance(X_train[rows])
-        d_test = self.min_distance(X_test)
-        return (
-            membership_inference_from_distances(d_train, d_test, random_state=root, **lsdd_kwargs),
-            membership_attack_from_distances(d_train, d_test),
-        )
+        if isinstance(site_train, np.ndarray) or not isinstance(site_train, Sequence):
+            raise TypeError(
+                "membership_evaluation needs one array of training rows per site (each site "
+                "evaluates its own model on its own rows only), got "
+                f"{type(site_train).__name__}."
+            )
+        if len(site_train) != self.n_sites:
+            raise ValueError(
+                f"got training rows of {len(site_train)} site(s) for {self.n_sites} sites."
+            )
+        return FederatedMembership(tuple(
+            site_membership_evaluation(site, rows, X_test, max_train_rows=max_train_rows,
+                                       random_state=random_state, **lsdd_kwargs)
+            for site, rows in zip(self.sites, site_train)
+        ))
+
+
+# ----------------------------------------------------------------------------------------------
+# Membership evaluation at each site
+# ----------------------------------------------------------------------------------------------
+
+
+class _AnswerDistances:
+    """A site seen through its answers: ``class_distances(X)`` is ρ_q as one (m, 1) column."""
+
+    __slots__ = ("_site",)
+
+    def __init__(self, site: Site) -> None:
+        self._site = site
+
+    def class_distances(self, X: np.ndarray) -> np.ndarray:
+        return self._site.answer(X).min_distance[:, None]
+
+
+def site_membership_evaluation(
+    site: Site,
+    X_own: ArrayLike,
+    X_test: ArrayLike,
+    *,
+    max_train_rows: int | None = None,
+    random_state: RandomState = 0,
+    **lsdd_kwargs: Any,
+) -> tuple[MembershipInference, MembershipAttack]:
+    """Membership reports of one site, computed **at that site** on the owner side.
+
+    ``X_own`` (n_q, p): the site's own original training rows (members); ``X_test`` (m, p):
+    the shared evaluation queries (non-members). The scores are the site's own answers ρ_q
+    (its minimum class distance), as in
+    :func:`~kahm_dask.privacy.membership.membership_evaluation` (same subset and seeds): for a
+    single site holding every row, the results are the centralised ones. The member
+    distances are computed on private rows: they stay at the site; the returned reports are
+    a few scalars (not DP) that the site may choose to share.
+    """
+    if not isinstance(site, Site):
+        raise TypeError(f"site must be a Site, got {type(site).__name__}.")
+    return membership_evaluation(
+        _AnswerDistances(site), X_own, X_test, max_train_rows=max_train_rows,
+        random_state=random_state, **lsdd_kwargs,
+    )
+
+
+def membership_fields(inference: MembershipInference, attack: MembershipAttack) -> dict:
+    """The report fields of one membership evaluation (flat dict of numbers)."""
+    return {
+        "mis": inference.mis,
+        "mis_norm": inference.mis_norm,
+        "median_distance": inference.median_distance,
+        "n_train_used": inference.n_train_used,
+        "n_infinite": inference.n_infinite,
+        "attack_auc": attack.auc,
+        "attack_advantage": attack.advantage,
+        "attack_tpr_at_1pct_fpr": attack.tpr_at_1pct_fpr,
+        "attack_tpr_at_0_1pct_fpr": attack.tpr_at_0_1pct_fpr,
+    }
+
+
+#: Summary fields of a federation: the largest value over the sites (the most exposed site).
+_WORST_OVER_SITES = ("mis", "mis_norm", "attack_auc", "attack_advantage",
+                     "attack_tpr_at_1pct_fpr", "attack_tpr_at_0_1pct_fpr")
+
+
+@dataclass(frozen=True)
+class FederatedMembership:
+    """Per-site membership reports, combined from per-site summaries only.
+
+    ``sites`` : one ``(MembershipInference, MembershipAttack)`` per site, each computed by the
+    site on its own training rows against the shared test rows. There is no pooled attack
+    over all sites' members: it would need every site's model queried with every site's
+    rows. ``worst_site`` is the site of the largest attack AUC (its members are the easiest
+    to tell from non-members); :attr:`inference` and :attr:`attack` are its reports.
+    """
+
+    sites: tuple[tuple[MembershipInference, MembershipAttack], ...]
+
+    @property
+    def worst_site(self) -> int:
+        return int(np.argmax([attack.auc for _, attack in self.sites]))
+
+    @property
+    def inference(self) -> MembershipInference:
+        return self.sites[self.worst_site][0]
+
+    @property
+    def attack(self) -> MembershipAttack:
+        return self.sites[self.worst_site][1]
+
+    def summary(self) -> dict:
+        """Report fields, see :func:`membership_summary`."""
+        return membership_summary([membership_fields(i, a) for i, a in self.sites])
+
+
+def membership_summary(per_site: Sequence[dict]) -> dict:
+    """Combine per-site report fields (:func:`membership_fields`, in site order) into the
+    federation's: the largest value of each over the sites (``mis``, ``mis_norm``,
+    ``attack_auc``, ``attack_advantage``, ``attack_tpr_at_*``: the most exposed site),
+    ``attack_auc_mean`` (weighted by the members used), ``n_train_used`` and ``n_infinite``
+    (summed), ``worst_site`` (largest attack AUC, lowest index on ties) and the per-site
+    fields under ``sites``. Only these summaries are combined: no site's distances."""
+    if not per_site:
+        raise ValueError("membership_summary needs the summary of at least one site.")
+    per_site = [{**fields, "site": q} for q, fields in enumerate(per_site)]
+    used = np.array([s["n_train_used"] for s in per_site], dtype=np.float64)
+    aucs = np.array([s["attack_auc"] for s in per_site], dtype=np.float64)
+    return {
+        **{name: max(s[name] for s in per_site) for name in _WORST_OVER_SITES},
+        "attack_auc_mean": float(np.sum(aucs * used) / np.sum(used)),
+        "n_train_used": int(used.sum()),
+        "n_infinite": int(sum(s["n_infinite"] for s in per_site)),
+        "worst_site": int(np.argmax(aucs)),
+        "sites": per_site,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,7 +511,7 @@ def split_sites(
     alpha: float | None = None,
     random_state: RandomState = None,
 ) -> list[np.ndarray]:
-    """Simulated federation: row indices of each of ``n_sites`` sites (§12).
+    """Simulated federation: row indices of each of ``n_sites`` sites.
 
     y : (N,) labels. Returns ``n_sites`` sorted int64 index arrays, disjoint, covering all rows.
 
@@ -436,12 +578,35 @@ def label_heterogeneity(y: ArrayLike, sites: Sequence[np.ndarray]) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
-def site_seed(random_state: RandomState, q: int) -> int:
-    """Seed (int in [0, 2**64)) of site q derived from the master seed (module docstring)."""
+def _check_site_index(q: Any) -> int:
     if isinstance(q, bool) or not isinstance(q, numbers.Integral) or q < 0:
         raise ValueError(f"site index must be an int >= 0, got {q!r}.")
-    seq = child_seed_sequence(as_seed_sequence(random_state), SITE_STREAM, int(q))
+    return int(q)
+
+
+def site_seed(random_state: RandomState, q: int) -> int:
+    """Seed (int in [0, 2**64)) of site q derived from the master seed: the 64-bit integer
+    drawn from ``child(SeedSequence(random_state), 3, q)``.
+
+    It becomes site q's ``random_state``, which seeds only the k-means steps (not private).
+    It does not determine any DP noise: a site's noise comes from the secure source.
+    """
+    seq = child_seed_sequence(as_seed_sequence(random_state), SITE_STREAM, _check_site_index(q))
     return int(seq.generate_state(1, dtype=np.uint64)[0])
+
+
+def site_noise_seed(insecure_noise_seed: int, q: int) -> int:
+    """Site q's own test-only noise seed derived from ``insecure_noise_seed``: the 63-bit
+    integer drawn from ``child(SeedSequence(insecure_noise_seed), 4, q)``.
+
+    Only for tests that replay one federation's noise in two code paths (in memory and the
+    Dask pipeline): a seeded noise source voids the guarantee. Distinct per site, so two
+    sites never add the same noise even then.
+    """
+    seq = child_seed_sequence(
+        as_seed_sequence(insecure_noise_seed), SITE_NOISE_STREAM, _check_site_index(q)
+    )
+    return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
 def fit_sites(
@@ -451,20 +616,40 @@ def fit_sites(
     sites: Sequence[np.ndarray],
     *,
     partitions: Sequence[np.ndarray | None] | None = None,
+    ledgers: Sequence[Any] | None = None,
 ) -> list[Site]:
     """Fit one clone of ``estimator`` per site on its rows and wrap it in a :class:`Site`.
 
     X : (N, p), y : (N,), sites : row indices per site (e.g. from :func:`split_sites`).
-    Site q's clone gets ``random_state = site_seed(estimator.random_state, q)``.
+    Site q's clone gets ``random_state = site_seed(estimator.random_state, q)`` (k-means
+    only). A DP site's noise comes from the secure source, fresh for every site; with the
+    test-only ``insecure_noise_seed`` set, site q gets ``site_noise_seed(seed, q)``.
     partitions : optional per-site (N_q,) branch labels passed as ``fit(..., partition=)``
-    (they replace every k-means step, §6).
+    (they replace every k-means step).
+    ledgers : optional per-site :class:`~kahm_dask.privacy.ledger.PrivacyLedger` (each site
+    accounts for its own releases); required instead of a ``ledger`` on the estimator, which
+    the sites would otherwise share.
     """
     X, y = np.asarray(X), np.asarray(y)
     if partitions is not None and len(partitions) != len(sites):
         raise ValueError(f"got {len(partitions)} partitions for {len(sites)} sites.")
+    if ledgers is not None and len(ledgers) != len(sites):
+        raise ValueError(f"got {len(ledgers)} ledgers for {len(sites)} sites.")
+    params = estimator.get_params(deep=False)
+    if ledgers is None and params.get("ledger") is not None:
+        raise ValueError(
+            "each site keeps its own privacy ledger: pass ledgers=[...] (one per site) to "
+            "fit_sites instead of one ledger on the estimator."
+        )
+    noise_seed = params.get("insecure_noise_seed")
     out = []
     for q, rows in enumerate(sites):
-        model = clone(estimator).set_params(random_state=site_seed(estimator.random_state, q))
+        own = {"random_state": site_seed(estimator.random_state, q)}
+        if noise_seed is not None:
+            own["insecure_noise_seed"] = site_noise_seed(noise_seed, q)
+        if ledgers is not None:
+            own["ledger"] = ledgers[q]
+        model = clone(estimator).set_params(**own)
         part = None if partitions is None else partitions[q]
         out.append(Site(model.fit(X[rows], y[rows], partition=part)))
     return out

@@ -1,4 +1,6 @@
-"""Federated minimum-distance classification (ALGORITHM.md §12; oracle 32) and the site splits."""
+"""Federated minimum-distance classification (docs/federated.md): exactness against the
+centralised classifier, the site boundary (answers only; membership evaluated site-locally),
+no noise shared between sites, and the site splits."""
 
 from __future__ import annotations
 
@@ -6,10 +8,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from sklearn.base import BaseEstimator
 
 import kahm_dask.federated as federated
 from kahm_dask import KAHMClassifier
-from kahm_dask.datasets import load_bundled, split_and_scale
+from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import (
     MIN_ROWS_PER_CLASS,
     FederatedClassifier,
@@ -19,18 +22,22 @@ from kahm_dask.federated import (
     fit_sites,
     label_heterogeneity,
     site_label_counts,
+    site_noise_seed,
     site_seed,
     split_sites,
 )
 from kahm_dask.partition import kmeans_partition
+from kahm_dask.privacy.ledger import PrivacyLedger
 from kahm_dask.privacy.membership import membership_evaluation
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 N_COMP, N_LAYERS = 10, 2
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return split_and_scale(*load_bundled("digits"), split_seed=0)
+    # scaled by the public pixel range 0..16, so every feature lies in the public bounds [0, 1]
+    return split_and_scale(*load_bundled("digits"), split_seed=0, bounds=PUBLIC_BOUNDS["digits"])
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +45,11 @@ def centralised(digits):
     return KAHMClassifier(N_COMP, N_LAYERS, random_state=0).fit(digits.X_train, digits.y_train)
 
 
-# --------------------------------------------------------------------------- oracle 32
+# --------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("epsilon", [None, 2.0])
 def test_one_site_holding_everything_equals_centralised(digits, epsilon):
-    clf = KAHMClassifier(N_COMP, N_LAYERS, random_state=3, epsilon=epsilon, dp_data="noisy")
+    clf = KAHMClassifier(N_COMP, N_LAYERS, random_state=3, epsilon=epsilon, bounds=(0, 1),
+                         dp_data="noisy")
     clf.fit(digits.X_train, digits.y_train)
     fed = FederatedClassifier([Site(clf)])
     decision = fed.decide(digits.X_test)
@@ -146,10 +154,69 @@ def test_combine_and_answer_validation():
 def test_federated_membership_metrics_match_centralised_for_one_site(digits, centralised):
     fed = FederatedClassifier([Site(centralised)])
     kw = {"max_train_rows": 300, "random_state": 5}
-    got = fed.membership_evaluation(digits.X_train, digits.X_test, **kw)
+    got = fed.membership_evaluation([digits.X_train], digits.X_test, **kw)
     want = membership_evaluation(centralised, digits.X_train, digits.X_test, **kw)
-    assert got == want
+    assert got.sites == (want,)
+    assert (got.inference, got.attack) == want
     assert fed.score(digits.X_test, digits.y_test) == centralised.score(digits.X_test, digits.y_test)
+
+
+class _Recorder(BaseEstimator):
+    """A fitted classifier that records (as row bytes) every row it is asked about."""
+
+    def __init__(self, model, seen: set) -> None:
+        self.model, self.seen = model, seen
+        self.classes_ = model.classes_
+
+    def fit(self, X, y):  # pragma: no cover - makes check_is_fitted accept the recorder
+        return self
+
+    def class_distances(self, X):
+        X = np.asarray(X, dtype=np.float64)
+        self.seen.update(row.tobytes() for row in X)
+        return self.model.class_distances(X)
+
+
+def _row_set(X) -> set:
+    return {row.tobytes() for row in np.asarray(X, dtype=np.float64)}
+
+
+def test_membership_evaluation_keeps_every_sites_training_rows_at_that_site(digits):
+    """Attack test (site boundary): the evaluation asks site q's model about site q's own
+    training rows and the shared test rows only, never about another site's training rows."""
+    X, y = digits.X_train, digits.y_train
+    split = split_sites(y, 3, "label_skew", classes_per_site=4, random_state=0)
+    seen = [set() for _ in split]
+    sites = [
+        Site(_Recorder(KAHMClassifier(N_COMP, 1, random_state=q).fit(X[rows], y[rows]), seen[q]))
+        for q, rows in enumerate(split)
+    ]
+    fed = FederatedClassifier(sites)
+    result = fed.membership_evaluation([X[rows] for rows in split], digits.X_test,
+                                       max_train_rows=150, random_state=0)
+    test_rows = _row_set(digits.X_test)
+    for q, rows in enumerate(split):
+        own = _row_set(X[rows])
+        foreign = _row_set(np.delete(X, rows, axis=0)) - own - test_rows
+        assert len(foreign) > 500  # the other sites' rows are there to be leaked
+        assert not seen[q] & foreign, f"site {q} was queried with another site's training rows"
+        assert seen[q] <= own | test_rows
+        assert len(seen[q] & (own - test_rows)) > 100  # it evaluated its own members (150)
+        assert result.sites[q][1].n_members == 150
+        assert result.sites[q][1].n_nonmembers == digits.X_test.shape[0]
+    # the combined summary is made of per-site summaries only
+    assert result.attack.auc == max(a.auc for _, a in result.sites)
+    assert (result.inference, result.attack) == result.sites[result.worst_site]
+    assert sum(i.n_train_used for i, _ in result.sites) == 3 * 150
+    summary = result.summary()
+    assert summary["attack_auc"] == result.attack.auc and len(summary["sites"]) == 3
+    assert set(summary["sites"][0]) >= {"mis", "attack_auc", "n_train_used"}
+
+    # the old pooled form (all sites' training rows in one array) is refused
+    with pytest.raises(TypeError, match="one array of training rows per site"):
+        fed.membership_evaluation(X, digits.X_test)
+    with pytest.raises(ValueError, match="3 sites"):
+        fed.membership_evaluation([X[split[0]]], digits.X_test)
 
 
 # --------------------------------------------------------------------------- splits
@@ -257,9 +324,57 @@ def test_fit_sites_seeds_and_partitions(digits):
     with pytest.raises(ValueError, match="partitions"):
         fit_sites(KAHMClassifier(N_COMP, N_LAYERS, random_state=11), digits.X_train, y, sites,
                   partitions=[None])
-    fitted = fit_sites(KAHMClassifier(N_COMP, 1, random_state=11, epsilon=1.0, dp_data="noisy"),
-                       digits.X_train, y, sites)
-    own = KAHMClassifier(N_COMP, 1, random_state=seeds[1], epsilon=1.0, dp_data="noisy")
-    own.fit(digits.X_train[sites[1]], y[sites[1]])
+    # site_seed seeds the site's k-means: the non-private site model is reproducible
+    fitted = fit_sites(KAHMClassifier(N_COMP, 1, random_state=11), digits.X_train, y, sites)
+    own = KAHMClassifier(N_COMP, 1, random_state=seeds[1]).fit(digits.X_train[sites[1]], y[sites[1]])
     np.testing.assert_array_equal(fitted[1].answer(digits.X_test).min_distance,
                                   own.class_distances(digits.X_test).min(axis=1))
+
+
+def _released_rows(site: Site) -> np.ndarray:
+    """The DP rows a site's model was built on (what it would release), in class order."""
+    model = site._model  # the test looks behind the boundary
+    return np.concatenate([model.dp_data_[c] for c in model.classes_])
+
+
+def test_sites_with_identical_rows_release_different_noise(digits):
+    """No noise reuse across sites: two sites holding the same rows, fitted from one estimator
+    with one random_state, release different noisy rows (the noise is not seed-driven)."""
+    rows = np.arange(300)
+    estimator = KAHMClassifier(N_COMP, 1, random_state=0, epsilon=2.0, bounds=(0, 1), dp_data="noisy")
+    a, b = (_released_rows(s) for s in fit_sites(estimator, digits.X_train, digits.y_train, [rows, rows]))
+    assert a.shape == b.shape == (300, 64)
+    assert np.mean(a == b) < 0.05  # two independent discrete Laplace draws rarely coincide
+    # ... and a refit of the same site (same site seed) releases new noise too
+    (again,) = fit_sites(estimator, digits.X_train, digits.y_train, [rows])
+    assert np.mean(_released_rows(again) == a) < 0.05
+
+
+def test_insecure_noise_seed_gives_each_site_its_own_noise(digits):
+    """The test-only seeded noise is derived per site: reproducible, never shared by two sites."""
+    rows = np.arange(200)
+    assert len({site_noise_seed(7, q) for q in range(5)}) == 5
+    assert len({site_noise_seed(7, q) for q in range(5)} | {site_seed(7, q) for q in range(5)}) == 10
+    estimator = KAHMClassifier(N_COMP, 1, random_state=0, epsilon=2.0, bounds=(0, 1),
+                               dp_data="noisy", insecure_noise_seed=7)
+    with pytest.warns(PrivacyLeakWarning, match="fixed seed"):
+        s0, s1 = fit_sites(estimator, digits.X_train, digits.y_train, [rows, rows])
+        (again,) = fit_sites(estimator, digits.X_train, digits.y_train, [rows])
+        own = KAHMClassifier(N_COMP, 1, random_state=site_seed(0, 1), epsilon=2.0, bounds=(0, 1),
+                             dp_data="noisy", insecure_noise_seed=site_noise_seed(7, 1))
+        own.fit(digits.X_train[rows], digits.y_train[rows])
+    assert np.mean(_released_rows(s0) == _released_rows(s1)) < 0.05
+    np.testing.assert_array_equal(_released_rows(again), _released_rows(s0))
+    np.testing.assert_array_equal(_released_rows(s1), np.concatenate([own.dp_data_[c] for c in own.classes_]))
+
+
+def test_every_site_keeps_its_own_ledger(digits):
+    sites = split_sites(digits.y_train, 2, "iid", random_state=0)
+    shared = KAHMClassifier(N_COMP, 1, epsilon=2.0, bounds=(0, 1), ledger=PrivacyLedger())
+    with pytest.raises(ValueError, match="own privacy ledger"):
+        fit_sites(shared, digits.X_train, digits.y_train, sites)
+    ledgers = [PrivacyLedger(), PrivacyLedger()]
+    estimator = KAHMClassifier(N_COMP, 1, epsilon=2.0, bounds=(0, 1), dp_data="noisy")
+    fit_sites(estimator, digits.X_train, digits.y_train, sites, ledgers=ledgers)
+    for ledger in ledgers:  # one release of ε = 2 per site (disjoint rows: parallel composition)
+        assert ledger.spent()[0] == pytest.approx(2.0, rel=1e-3)

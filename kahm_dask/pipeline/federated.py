@@ -1,26 +1,41 @@
-"""Federated pipeline (ALGORITHM.md §12) on Dask: one Zarr store, one training run and one
+"""Federated pipeline (docs/federated.md) on Dask: one data store, one training run and one
 model store per site; prediction by the minimum-distance combination of the sites' answers.
 
 A run is a **simulation** that starts from one pooled data set (the ``data`` section of an
 ordinary pipeline file), splits its training rows into sites (``federation`` section,
-:func:`kahm_dask.federated.split_sites`) and then keeps every site apart::
+:func:`kahm_dask.federated.split_sites`) and then keeps every site apart. Every site's folder
+is split at the release boundary as a central run's is (:class:`~kahm_dask.pipeline.run.RunPaths`)::
 
-    <output>/data/{train,test}.zarr          pooled input (scaled as in the centralised run)
-    <output>/sites.json                      the split: spec, rows and classes per site
-    <output>/sites/site{q}/train.zarr        site q's private rows
-    <output>/sites/site{q}/work/             site q's private work store (noise, grouping)
-    <output>/sites/site{q}/model.zarr        site q's model store (DP rows + models only)
-    <output>/sites/site{q}/answers/*.zarr    site q's answers (ρ_q, ĉ_q): all it releases
-    <output>/predictions.zarr                global decision: class code, min distance, site
-    <output>/report.{json,md}
+    <output>/owner/data/{train,test}.zarr       pooled input of the simulation (the harness's)
+    <output>/owner/sites.json                   the split: spec, rows and classes per site
+    <output>/owner/predictions.zarr             global decision: class code, min distance, site
+    <output>/owner/report.{json,md}             the coordinator's report (per-site summaries)
+    <output>/sites/site{q}/owner/data/train.zarr      site q's private rows (+ its privacy ledger)
+    <output>/sites/site{q}/owner/work/                site q's private work store (noisy rows, ...)
+    <output>/sites/site{q}/owner/membership.json      site q's membership report (its own rows)
+    <output>/sites/site{q}/public/model.zarr          site q's DP model store (DP rows + models)
+    <output>/sites/site{q}/public/PRIVACY.md          site q's privacy statement and ledger total
+    <output>/sites/site{q}/answers/test.zarr          site q's answers (ρ_q, ĉ_q) to the queries
 
-Each site is trained with :func:`~kahm_dask.pipeline.train.train_pipeline`: with an explicit
-``seed`` (experiments), site q uses ``site_seed(seed, q)``; with ``seed: null`` (the default)
-each site draws its own secret seed, kept in its work store. Reports never show the seed of a
-DP run. With ``federation.pin_sites: true`` every task of site q (training
-and its answers) carries the worker resource ``site{q}`` (``dask.annotate``), so it runs only
-on workers that advertise it; :func:`connect_federated` starts such a local cluster
-(:func:`site_cluster`: worker ``q mod n_workers`` holds site q).
+(a non-private site's model store is fitted on private rows and stays in its ``owner/``).
+
+**Site boundary.** With ``federation.pin_sites: true`` every task of site q (training, its
+answers, its membership evaluation) carries the worker resource ``site{q}``
+(``dask.annotate``), so it runs only on workers that advertise it; :func:`connect_federated`
+starts such a local cluster (:func:`site_cluster`: worker ``q mod n_workers`` holds site q).
+The pooled input and the split into site stores stand for data that, in a real federation,
+never exist in one place: with pinning they are prepared in the client process (local threads),
+so no site's worker holds another site's rows. What crosses a site's boundary: its answers to
+the coordinator's queries (the test rows, sent to every site) and the few scalars of its
+membership summary. Membership is evaluated site by site (:func:`site_membership`): site q's
+model is queried with site q's own training rows only, on site q's workers, and the member
+distances stay there.
+
+**Noise.** Each site's DP noise is drawn from the secure source by its own training run
+(:func:`~kahm_dask.pipeline.train.train_pipeline`) and recorded in its own ledger: no noise is
+shared between sites. ``seed`` (when given) seeds only the k-means steps, site q with
+``site_seed(seed, q)``. A test may pass ``insecure_noise_seed`` to
+:func:`run_federated_pipeline`; site q then draws from ``site_noise_seed(seed, q)``.
 
 Prediction: per site, the lazy per-class distances of
 :func:`~kahm_dask.pipeline.predict.class_distance_array` are reduced on the site's workers to
@@ -55,6 +70,9 @@ from kahm_dask.federated import (
     SiteAnswer,
     combine,
     label_heterogeneity,
+    membership_fields,
+    membership_summary,
+    site_noise_seed,
     site_seed,
     split_sites,
 )
@@ -67,10 +85,10 @@ from kahm_dask.pipeline.config import (
     invalid_value,
     load_yaml,
 )
-from kahm_dask.pipeline.data import prepare_stores
+from kahm_dask.pipeline.data import OWNER, prepare_stores
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.run import settings_fields, settings_from_config
+from kahm_dask.pipeline.run import RunPaths, run_paths, settings_fields, settings_from_config
 from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.membership import (
@@ -78,7 +96,7 @@ from kahm_dask.privacy.membership import (
     membership_inference_from_distances,
     training_row_subset,
 )
-from kahm_dask.report import write_report
+from kahm_dask.report import write_privacy_statement, write_report
 
 __all__ = [
     "FederationConfig",
@@ -89,8 +107,10 @@ __all__ = [
     "connect_federated",
     "check_site_resources",
     "site_dir",
+    "site_paths",
     "write_site_stores",
     "train_site",
+    "site_membership",
     "site_answer_arrays",
     "answer_to_store",
     "federated_decision_arrays",
@@ -110,7 +130,7 @@ LABEL, MIN_DISTANCE, SITE = "label", "min_distance", "site"
 
 @dataclass(frozen=True, kw_only=True)
 class FederationConfig(Section):
-    """``federation``: how the training rows are split into sites (§12).
+    """``federation``: how the training rows are split into sites.
 
     ``classes_per_site`` goes with ``split: label_skew`` and ``alpha`` with ``dirichlet``
     (both null otherwise); ``split_seed`` seeds the split; ``pin_sites`` runs site q's tasks
@@ -248,8 +268,14 @@ def _pinned(q: int, pin: bool) -> Iterator[None]:
 
 
 def site_dir(sites_dir: Path, q: int) -> Path:
-    """Directory of site q: its data, work and model stores and its answers."""
+    """Directory of site q: its ``public/`` and ``owner/`` folders and its answers."""
     return Path(sites_dir) / f"site{q}"
+
+
+def site_paths(sites_dir: Path, q: int, private: bool) -> RunPaths:
+    """Site q's folders, split at the release boundary like a central run's
+    (``public/model.zarr`` for a DP site; ``owner/data``, ``owner/work``)."""
+    return run_paths(site_dir(sites_dir, q), private)
 
 
 def _split_record(fed: FederationConfig, labels: np.ndarray, sites: list[np.ndarray]) -> dict:
@@ -264,40 +290,58 @@ def _split_record(fed: FederationConfig, labels: np.ndarray, sites: list[np.ndar
     }
 
 
+@contextmanager
+def _outside_the_sites(local: bool) -> Iterator[None]:
+    """Run the dask computations inside on local threads of the client process (``local``),
+    not on the cluster: no site's worker touches what is computed here."""
+    if not local:
+        yield
+        return
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
 def write_site_stores(
     train: DatasetStore, sites: list[np.ndarray], sites_dir: Path, record: dict, *,
-    pin: bool = False,
+    pin: bool = False, record_path: Path | None = None,
 ) -> list[DatasetStore]:
-    """Write ``sites_dir/site{q}/train.zarr`` with the pooled training rows ``sites[q]``
-    (by site q's workers if ``pin``).
+    """Write site q's private store ``sites_dir/site{q}/owner/data/train.zarr`` with the
+    pooled training rows ``sites[q]`` (and the pooled store's public feature range).
 
-    ``record`` (the split) is kept in ``sites_dir.parent/sites.json``; a rerun reuses the
+    The pooled store stands for rows that are never in one place in a real federation: with
+    ``pin`` the split runs in the client process (local threads), so no site's worker reads a
+    chunk of the pooled store (which holds other sites' rows). ``record`` (the split) is kept
+    in ``record_path`` (default ``sites_dir.parent/owner/sites.json``); a rerun reuses the
     stores of the same split (resume) and refuses a directory that holds another split.
     """
-    record_path = Path(sites_dir).parent / "sites.json"
+    record_path = Path(record_path or Path(sites_dir).parent / OWNER / "sites.json")
     if record_path.exists() and json.loads(record_path.read_text()) != record:
         raise ValueError(
-            f"{record_path.parent} holds site stores of a different split; use a new output "
-            "directory (or delete it) to run this federation."
+            f"{record_path.parent.parent} holds site stores of a different split; use a new "
+            "output directory (or delete it) to run this federation."
         )
+    record_path.parent.mkdir(parents=True, exist_ok=True)
     record_path.write_text(json.dumps(record))
+    fr = train.attrs.get("feature_range")
+    feature_range = None if not fr else (fr["min"], fr["max"])
     X, labels = train.X(), train.labels()
     stores = []
     for q, rows in enumerate(sites):
-        path = site_dir(sites_dir, q) / "train.zarr"
+        path = site_paths(sites_dir, q, False).data / "train.zarr"
         if path.exists():
             stores.append(open_dataset(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with _pinned(q, pin):
-                stores.append(write_dataset(path, X[rows], labels[rows], source=f"site{q}"))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _outside_the_sites(pin):
+            stores.append(write_dataset(path, X[rows], labels[rows], source=f"site{q}",
+                                        feature_range=feature_range))
     return stores
 
 
 def train_site(
     q: int,
     store: DatasetStore,
-    directory: Path,
+    directory: Path | RunPaths,
     settings: TrainSettings,
     client: Client | None,
     *,
@@ -305,12 +349,17 @@ def train_site(
     pin: bool = False,
     progress: bool = False,
 ) -> dict:
-    """Train site q's model store ``directory/model.zarr`` from its store (work store
-    ``directory/work``); with ``pin`` every task carries the resource ``site{q}``."""
-    directory = Path(directory)
+    """Train site q's model store from its store; with ``pin`` every task carries the resource
+    ``site{q}``. ``directory``: the site's :class:`~kahm_dask.pipeline.run.RunPaths` (model
+    store ``public/model.zarr`` for a DP site, work store ``owner/work``), or a plain
+    directory (``directory/model.zarr``, ``directory/work``)."""
+    if isinstance(directory, RunPaths):
+        model, work = directory.model, directory.work
+    else:
+        model, work = Path(directory) / "model.zarr", Path(directory) / "work"
     with _pinned(q, pin):
-        return train_pipeline(store, directory / "model.zarr", directory / "work", settings,
-                              client, partition=partition, progress=progress)
+        return train_pipeline(store, model, work, settings, client, partition=partition,
+                              progress=progress)
 
 
 # --------------------------------------------------------------------------- prediction
@@ -334,11 +383,10 @@ def site_answer_arrays(
                                                       meta=np.empty((0,), np.int64))
 
 
-def _compute(job: Any, client: Client | None) -> None:
+def _compute(job: Any, client: Client | None) -> Any:
     if client is None:
-        dask.compute(job)
-    else:
-        client.gather(client.compute(job, retries=2))
+        return dask.compute(job)[0]
+    return client.gather(client.compute(job, retries=2))
 
 
 def _store_arrays(arrays: dict[str, da.Array], path: Path, client: Client | None) -> zarr.Group:
@@ -357,9 +405,10 @@ def answer_to_store(
     client: Client | None, *, pin: bool = False,
 ) -> Path:
     """Site q answers the queries X (m, p): ``(ρ_q, ĉ_q)`` into the Zarr group ``path``
-    (arrays ``min_distance`` and ``label``), its only output (§12). With ``pin`` all of it
-    runs on the workers with resource ``site{q}``. One graph per site: the model stores of
-    all sites name their layers alike (``kahm-dist-c{c}-s{s}``)."""
+    (arrays ``min_distance`` and ``label``), its only output. With ``pin`` all of it runs on
+    the workers with resource ``site{q}``. One graph per site: the model stores of all sites
+    name their layers alike (``kahm-dist-c{c}-s{s}``). X are queries (the coordinator's test
+    rows), sent to every site: never pass a site's training rows here."""
     with _pinned(q, pin):
         rho, code = site_answer_arrays(model_path, X, classes)
         _store_arrays({MIN_DISTANCE: rho, LABEL: code}, path, client)
@@ -380,58 +429,83 @@ def federated_decision_arrays(answer_paths: Sequence[Path]) -> FederatedDecision
     rho, code = rho.rechunk({0: -1}), code.rechunk({0: -1})  # (Q, m), all sites per block
     dtypes = {"label": np.int64, "min_distance": np.float64, "site": np.int64}
     parts = {
-        part: da.map_blocks(_decision_block, rho, code, part, drop_axis=0, dtype=dtype, meta=np.empty((0,), dtype))
+        part: da.map_blocks(_decision_block, rho, code, part, drop_axis=0, dtype=dtype,
+                            meta=np.empty((0,), dtype))
         for part, dtype in dtypes.items()
     }
     return FederatedDecision(**parts)
+
+
+def answer_path(model_path: Path, name: str) -> Path:
+    """Where site q (model store ``model_path``) keeps its answers to the queries ``name``:
+    ``sites/site{q}/answers/<name>.zarr``, beside its ``public/`` and ``owner/`` folders."""
+    return Path(model_path).parent.parent / "answers" / f"{name}.zarr"
 
 
 def federated_predict(
     model_paths: Sequence[Path], X: da.Array, classes: Sequence[Any], name: str,
     client: Client | None, *, pin: bool = False,
 ) -> FederatedDecision:
-    """Every site answers X (m, p) into ``<site>/answers/<name>.zarr``; returns the lazy
+    """Every site answers the queries X (m, p) into :func:`answer_path`; returns the lazy
     global decision over those answers (codes into ``classes``)."""
     paths = [
-        answer_to_store(q, path, X, classes, Path(path).parent / "answers" / f"{name}.zarr",
-                        client, pin=pin)
+        answer_to_store(q, path, X, classes, answer_path(path, name), client, pin=pin)
         for q, path in enumerate(model_paths)
     ]
     return federated_decision_arrays(paths)
 
 
+# --------------------------------------------------------------------------- membership
+
+
+def _site_membership_task(d_train: np.ndarray, d_test: np.ndarray, seed: int, path: str) -> dict:
+    """At the site: the membership report from its members' and the queries' distances,
+    written to the site's owner folder; returns only the summary fields."""
+    inference = membership_inference_from_distances(d_train, d_test, random_state=seed)
+    attack = membership_attack_from_distances(d_train, d_test)
+    fields = membership_fields(inference, attack)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({**fields, "n_test": inference.n_test}, indent=2, default=float))
+    tmp.replace(out)
+    return fields
+
+
+def site_membership(
+    q: int, store: DatasetStore, model_path: Path, test_answers: Path, out_path: Path,
+    client: Client | None, *, max_train_rows: int | None = None, seed: int = 0,
+    pin: bool = False,
+) -> dict:
+    """Site q's membership report, computed at site q: its model's distances ρ_q of its own
+    training rows (``store``; a seeded subset of ``max_train_rows``) against its answers to
+    the shared queries (``test_answers``), written to ``out_path`` (site q's owner folder).
+
+    Returns only the summary fields (:func:`~kahm_dask.federated.membership_fields`). With
+    ``pin`` every task (reading the rows, the distances, the metrics) runs on site q's
+    workers; the member distances never leave them. Equal to
+    :func:`kahm_dask.federated.site_membership_evaluation` with ``random_state=seed``.
+    """
+    rows = training_row_subset(store.n_samples, max_train_rows, random_state=seed)
+    with _pinned(q, pin):
+        X = store.X()  # built here, so the reads of site q's rows carry its resource too
+        X = X if rows.size == store.n_samples else X[rows]
+        d_train = class_distance_array(model_path, X).min(axis=1)
+        d_test = da.from_zarr(str(test_answers), component=MIN_DISTANCE)
+        job = dask.delayed(_site_membership_task, pure=False)(d_train, d_test, seed, str(out_path))
+        return _compute(job, client)
+
+
 # --------------------------------------------------------------------------- run
 
 
-def _evaluate(
-    cfg: FederatedPipelineConfig, model_paths: list[Path], train: DatasetStore,
-    test: DatasetStore, decision: zarr.Group, client: Client | None,
-) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
-    """Accuracy and §8 metrics of the federated classifier (original training rows vs test)."""
+def _accuracy(decision: zarr.Group, test: DatasetStore, n_sites: int) -> dict:
     classes = np.asarray(decision.attrs["classes"], dtype=object)
     pred = classes[decision[LABEL][...]]
-    metrics = {
+    return {
         "accuracy": float(np.mean(pred.astype(str) == test.labels().astype(str))),
-        "site_wins": np.bincount(decision[SITE][...], minlength=len(model_paths)).tolist(),
+        "site_wins": np.bincount(decision[SITE][...], minlength=n_sites).tolist(),
     }
-    if not cfg.evaluate.membership:
-        return metrics, None, None
-    d_test = decision[MIN_DISTANCE][...]
-    seed = cfg.data.split_seed  # public, as in the centralised run (the DP seed is secret)
-    rows = training_row_subset(train.n_samples, cfg.evaluate.max_train_rows, random_state=seed)
-    d_train = federated_predict(
-        model_paths, train.X()[rows], train.classes, "train", client, pin=cfg.federation.pin_sites
-    ).min_distance.compute()
-    mia = membership_inference_from_distances(d_train, d_test, random_state=seed)
-    attack = membership_attack_from_distances(d_train, d_test)
-    metrics.update(
-        mis=mia.mis, mis_norm=mia.mis_norm, median_distance=mia.median_distance,
-        n_train_used=mia.n_train_used, n_infinite=mia.n_infinite,
-        attack_auc=attack.auc, attack_advantage=attack.advantage,
-        attack_tpr_at_1pct_fpr=attack.tpr_at_1pct_fpr,
-        attack_tpr_at_0_1pct_fpr=attack.tpr_at_0_1pct_fpr,
-    )
-    return metrics, d_train, d_test
 
 
 def run_federated_pipeline(
@@ -440,22 +514,29 @@ def run_federated_pipeline(
     *,
     progress: bool = True,
     site_partitions: Sequence[np.ndarray | None] | None = None,
+    insecure_noise_seed: int | None = None,
 ) -> dict:
-    """Run a federated pipeline config on ``client``; returns the metrics of report.json.
+    """Run a federated pipeline config on ``client``; returns the metrics of report.json
+    (``<output>/owner``).
 
     ``site_partitions`` : optional per-site (N_q,) within-class branch labels (rows in the
     order of the site store) that replace the dask-ml k-means (to compare with the in-memory
     :class:`~kahm_dask.federated.FederatedClassifier` given the same labels).
+    ``insecure_noise_seed`` : tests only (voids the guarantee, warns): site q's noise from
+    ``site_noise_seed(insecure_noise_seed, q)``, as :func:`~kahm_dask.federated.fit_sites`.
     """
     fed = cfg.federation
+    private = cfg.privacy.epsilon is not None
     out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    owner = out / OWNER
+    owner.mkdir(parents=True, exist_ok=True)
     if site_partitions is not None and len(site_partitions) != fed.sites:
         raise ValueError(f"got {len(site_partitions)} site partitions for {fed.sites} sites.")
     if fed.pin_sites:
         check_site_resources(client, fed.sites)
     t0 = time.perf_counter()
-    train, test = prepare_stores(cfg, out)
+    with _outside_the_sites(fed.pin_sites):
+        train, test = prepare_stores(cfg, out)
     labels = train.labels()
     sites = split_sites(labels, fed.sites, fed.split, classes_per_site=fed.classes_per_site,
                         alpha=fed.alpha, random_state=fed.split_seed)
@@ -463,30 +544,53 @@ def run_federated_pipeline(
     stores = write_site_stores(train, sites, out / "sites", record, pin=fed.pin_sites)
     t_ingest = time.perf_counter() - t0
 
-    base = settings_from_config(cfg)
+    paths = [site_paths(out / "sites", q, private) for q in range(fed.sites)]
     summaries, site_seconds = [], []
     t1 = time.perf_counter()
     for q, store in enumerate(stores):
         ts = time.perf_counter()
-        seed = None if cfg.seed is None else site_seed(cfg.seed, q)
-        settings = dataclasses.replace(base, seed=seed)
+        with _pinned(q, fed.pin_sites):  # a site's own bounds (if not public) from its own rows
+            base = settings_from_config(cfg, store)
+        settings = dataclasses.replace(
+            base,
+            seed=None if cfg.seed is None else site_seed(cfg.seed, q),
+            insecure_noise_seed=(None if insecure_noise_seed is None
+                                 else site_noise_seed(insecure_noise_seed, q)),
+        )
         part = None if site_partitions is None else site_partitions[q]
-        summaries.append(train_site(q, store, site_dir(out / "sites", q), settings, client,
-                                    partition=part, pin=fed.pin_sites, progress=progress))
+        summary = train_site(q, store, paths[q], settings, client, partition=part,
+                             pin=fed.pin_sites, progress=progress)
+        if summary["privacy"] is not None:
+            write_privacy_statement(paths[q].public, summary["privacy_statement_markdown"],
+                                    summary["privacy"]["ledger"])
+        summaries.append(summary)
         site_seconds.append(round(time.perf_counter() - ts, 3))
-        log.info("site %d: %d rows, %d clusters", q, store.n_samples, summaries[-1]["n_clusters"])
+        log.info("site %d: %d rows, %d clusters", q, store.n_samples, summary["n_clusters"])
     fit_s = time.perf_counter() - t1
 
-    model_paths = [site_dir(out / "sites", q) / "model.zarr" for q in range(fed.sites)]
+    model_paths = [p.model for p in paths]
     t2 = time.perf_counter()
     decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
                                  pin=fed.pin_sites)
     arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
-    group = _store_arrays(arrays, out / "predictions.zarr", client)
+    group = _store_arrays(arrays, owner / "predictions.zarr", client)
     group.attrs["classes"] = list(train.classes)
     predict_s = time.perf_counter() - t2
-    metrics, d_train, d_test = _evaluate(cfg, model_paths, train, test, group, client)
+    metrics = _accuracy(group, test, fed.sites)
+    if cfg.evaluate.membership:
+        per_site = [
+            site_membership(q, store, model_paths[q], answer_path(model_paths[q], "test"),
+                            paths[q].owner / "membership.json", client,
+                            max_train_rows=cfg.evaluate.max_train_rows,
+                            seed=cfg.data.split_seed, pin=fed.pin_sites)
+            for q, store in enumerate(stores)
+        ]
+        metrics.update(membership_summary(per_site))
+        metrics["site_membership"] = metrics.pop("sites")
 
+    fields = settings_fields(cfg, client)
+    fields["seed"] = cfg.seed
+    fields.update(_release_fields([s["privacy"] for s in summaries]))
     metrics = {
         "name": cfg.name,
         **metrics,
@@ -508,7 +612,51 @@ def run_federated_pipeline(
         "site_fit_seconds": site_seconds,
         "n_clusters": sum(s["n_clusters"] for s in summaries),
         "n_clusters_resumed": sum(s["n_resumed"] for s in summaries),
-        **settings_fields(cfg, client),
+        **fields,
+        "owner_dir": str(owner),
+        "site_public_dirs": [str(p.public) for p in paths] if private else None,
+        "site_model_stores": [str(p) for p in model_paths],
+        "site_privacy": [s["privacy"] for s in summaries] if private else None,
     }
-    write_report(out, metrics, plots=cfg.report.plots, d_train=d_train, d_test=d_test)
+    text = write_report(owner, metrics, plots=cfg.report.plots)
+    (owner / "report.md").write_text(text + _folders_markdown(out, private))
     return metrics
+
+
+def _release_fields(privacy: list[dict | None]) -> dict:
+    """``d``, ``bounds`` and ``bounds_source`` of the sites' releases: one value when every
+    site used the same, else one per site (e.g. bounds each site took from its own rows)."""
+    if not privacy or privacy[0] is None:
+        return {}
+    statements = [p["statement"] for p in privacy]
+    per_site = {
+        "d": [s["mechanism"]["d"] for s in statements],
+        "bounds": [[s["mechanism"]["lower"], s["mechanism"]["upper"]] for s in statements],
+        "bounds_source": [s["bounds_source"] for s in statements],
+    }
+    return {k: v[0] if all(x == v[0] for x in v) else v for k, v in per_site.items()}
+
+
+def _folders_markdown(out: Path, private: bool) -> str:
+    """The report's section on which folder of a federated run is which."""
+    model = "public/model.zarr" if private else "owner/model.zarr"
+    lines = [
+        "",
+        "## Folders",
+        "",
+        f"- `sites/site{{q}}/public/` ({out / 'sites'}): "
+        + ("**may be published**: site q's DP model store `model.zarr` and its `PRIVACY.md`."
+           if private else "absent: a non-private site's model store is fitted on private "
+           f"rows and stays in `sites/site{{q}}/{model}`."),
+        "- `sites/site{q}/owner/`: **stays at site q**: its private rows (`data/`, with its "
+        "privacy ledger), its work store (`work/`: the noisy rows, private copies) and its "
+        "membership report (`membership.json`, computed on its own training rows only).",
+        "- `sites/site{q}/answers/`: site q's answers (ρ_q, ĉ_q) to the coordinator's queries "
+        "(the test rows): what crosses the site boundary, as private as the queries.",
+        f"- `owner/` ({out / OWNER}): the coordinator's and the simulation's: the pooled input "
+        "(`data/`, which in a real federation never exists in one place), the split "
+        "(`sites.json`), the global decision (`predictions.zarr`) and this report. The "
+        "membership figures above are combined from the sites' summaries only.",
+        "",
+    ]
+    return "\n".join(lines)

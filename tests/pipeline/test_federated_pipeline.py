@@ -1,23 +1,31 @@
-"""The federated Dask pipeline (ALGORITHM.md §12) against the in-memory FederatedClassifier.
+"""The federated Dask pipeline (docs/federated.md) against the in-memory FederatedClassifier.
 
-Given the same site split, seeds and within-class partition labels, every site's model store
-equals the in-memory site classifier, so the pipeline's global decision (labels, minimum
-distances, winning sites) equals :class:`~kahm_dask.federated.FederatedClassifier`'s. Also:
-site pinning by worker resources, and the strict federated YAML schema.
+Given the same site split, seeds, test-only noise seeds and within-class partition labels,
+every site's model store equals the in-memory site classifier, so the pipeline's global
+decision (labels, minimum distances, winning sites) and each site's membership report equal
+:class:`~kahm_dask.federated.FederatedClassifier`'s. Also: the site boundary (no site's model
+is ever evaluated on another site's training rows; pinned tasks run on the site's worker),
+no noise shared between sites, the public/owner folders of every site, and the strict
+federated YAML schema.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import threading
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from distributed import Client, get_task_stream
+from distributed import Client, get_task_stream, get_worker
 
+import kahm_dask.pipeline.predict as predict_module
+import kahm_dask.pipeline.store as store_module
 from kahm_dask import KAHMClassifier
-from kahm_dask.datasets import load_bundled, split_and_scale
+from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import FederatedClassifier, fit_sites, split_sites
 from kahm_dask.pipeline.config import ConfigError
 from kahm_dask.pipeline.federated import (
@@ -28,18 +36,57 @@ from kahm_dask.pipeline.federated import (
     load_federated_config,
     run_federated_pipeline,
     site_cluster,
+    site_membership,
     train_site,
 )
 from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import TrainParams
-from kahm_dask.pipeline.train import TrainSettings
+from kahm_dask.pipeline.train import NOISY, TrainSettings
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+NOISE_SEED = 13  # test-only: both paths draw site q's noise from site_noise_seed(13, q)
+
+# ------------------------------------------------------------------ what each site's model sees
+_SEEN: list[tuple[int, str, set]] = []  # (site, worker, rows as bytes) per distance block
+_WRITTEN: list[tuple[str, set]] = []  # (worker, rows as bytes) per block written to a data store
+_SEEN_LOCK = threading.Lock()
+_ORIGINAL_CLUSTER_BLOCK = predict_module._cluster_block
+_ORIGINAL_STORE_BLOCK = store_module._store_block
+
+
+def _where() -> str:
+    try:
+        return get_worker().address
+    except ValueError:
+        return "client"
+
+
+def _recording_cluster_block(x: np.ndarray, path: str) -> np.ndarray:
+    """``_cluster_block`` that records which site's model is asked about which rows, where."""
+    site = int(re.search(r"sites/site(\d+)/", path).group(1))
+    rows = {row.tobytes() for row in np.asarray(x, dtype=np.float64)}
+    with _SEEN_LOCK:
+        _SEEN.append((site, _where(), rows))
+    return _ORIGINAL_CLUSTER_BLOCK(x, path)
+
+
+def _recording_store_block(block: np.ndarray, x, start: int):
+    """``_store_block`` (writes a block of a dataset store) that records which rows, where."""
+    rows = {row.tobytes() for row in np.asarray(block, dtype=np.float64)}
+    with _SEEN_LOCK:
+        _WRITTEN.append((_where(), rows))
+    return _ORIGINAL_STORE_BLOCK(block, x, start)
+
+
+def _row_set(X) -> set:
+    return {row.tobytes() for row in np.asarray(X, dtype=np.float64)}
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return split_and_scale(*load_bundled("digits"), split_seed=0)
+    # as the pipeline prepares it: public bounds [0, 16] mapped to [0, 1]
+    return split_and_scale(*load_bundled("digits"), split_seed=0, bounds=PUBLIC_BOUNDS["digits"])
 
 
 def _halves(y_site: np.ndarray) -> np.ndarray:
@@ -61,6 +108,7 @@ seed: 4
 output: {tmp_path / 'run'}
 data:
   source: sklearn:digits
+  bounds: [0, 16]
 model:
   n_components: 10
   n_layers: 2
@@ -68,7 +116,7 @@ privacy:
   epsilon: {'null' if epsilon is None else epsilon}
   dp_data: noisy
 evaluate:
-  max_train_rows: 400
+  max_train_rows: 150
 report:
   plots: false
 federation:
@@ -88,39 +136,130 @@ CASES = [
 
 
 @pytest.mark.parametrize("federation, epsilon", CASES, ids=["dirichlet", "label_skew-dp-pinned"])
-def test_federated_pipeline_equals_in_memory(tmp_path, digits, federation, epsilon):
+def test_federated_pipeline_equals_in_memory_and_keeps_rows_at_their_site(
+    tmp_path, digits, monkeypatch, federation, epsilon
+):
     cfg = _config(tmp_path, federation, epsilon)
     fed_cfg = cfg.federation
     sites = split_sites(digits.y_train, fed_cfg.sites, fed_cfg.split, alpha=fed_cfg.alpha,
                         classes_per_site=fed_cfg.classes_per_site, random_state=fed_cfg.split_seed)
     partitions = [_halves(digits.y_train[rows]) for rows in sites]
     assert max(p.max() for p in partitions) == 1  # several branches per class: min is exercised
+    private = epsilon is not None
+    noise_seed = NOISE_SEED if private else None
 
-    with connect_federated(cfg) as client:
-        report = run_federated_pipeline(cfg, client, progress=False, site_partitions=partitions)
+    monkeypatch.setattr(predict_module, "_cluster_block", _recording_cluster_block)
+    monkeypatch.setattr(store_module, "_store_block", _recording_store_block)
+    _SEEN.clear(), _WRITTEN.clear()
+    with pytest.warns(PrivacyLeakWarning) if private else _no_warning():
+        with connect_federated(cfg) as client:
+            holders = {a: set(w["resources"]) for a, w in client.scheduler_info()["workers"].items()}
+            report = run_federated_pipeline(cfg, client, progress=False, site_partitions=partitions,
+                                            insecure_noise_seed=noise_seed)
+    seen, written = list(_SEEN), list(_WRITTEN)
+    monkeypatch.undo()
 
-    estimator = KAHMClassifier(10, 2, random_state=cfg.seed, epsilon=epsilon, dp_data="noisy")
-    fed = FederatedClassifier(fit_sites(estimator, digits.X_train, digits.y_train, sites,
-                                        partitions=partitions))
+    # ---- the site boundary: site q's model is asked about its own training rows and the
+    # shared test rows (the coordinator's queries) only, on site q's own worker when pinned
+    test_rows = _row_set(digits.X_test)
+    for q, rows in enumerate(sites):
+        own = _row_set(digits.X_train[rows])
+        foreign = _row_set(np.delete(digits.X_train, rows, axis=0)) - own - test_rows
+        asked = set().union(*(r for site, _, r in seen if site == q))
+        assert foreign and not asked & foreign, f"site {q}'s model saw another site's rows"
+        assert asked <= own | test_rows and asked & (own - test_rows)
+        if fed_cfg.pin_sites:
+            workers = {w for site, w, _ in seen if site == q}
+            assert workers and all(f"site{q}" in holders[w] for w in workers)
+    if fed_cfg.pin_sites:  # no worker ever holds a training row of a site it does not serve
+        assert written  # the site stores were written block by block ...
+        for worker, rows in [(w, r) for _, w, r in seen] + written:
+            if worker == "client":  # ... by the simulation harness, outside the federation
+                continue
+            served = [q for q in range(fed_cfg.sites) if f"site{q}" in holders[worker]]
+            allowed = test_rows.union(*(_row_set(digits.X_train[sites[q]]) for q in served))
+            assert rows <= allowed, f"worker {worker} held rows of a site it does not serve"
+
+    # ---- equal to the in-memory federation
+    estimator = KAHMClassifier(10, 2, random_state=cfg.seed, epsilon=epsilon, bounds=(0, 1),
+                               dp_data="noisy", insecure_noise_seed=noise_seed)
+    with pytest.warns(PrivacyLeakWarning) if private else _no_warning():
+        fed = FederatedClassifier(fit_sites(estimator, digits.X_train, digits.y_train, sites,
+                                            partitions=partitions))
     want = fed.decide(digits.X_test)
-    group = zarr.open_group(str(cfg.output / "predictions.zarr"), mode="r")
+    out = cfg.output
+    group = zarr.open_group(str(out / "owner" / "predictions.zarr"), mode="r")
     classes = np.asarray(group.attrs["classes"])
     np.testing.assert_array_equal(classes[group["label"][:]], want.label)
     np.testing.assert_allclose(group["min_distance"][:], want.min_distance, rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(group["site"][:], want.site)
-
     assert report["accuracy"] == pytest.approx(fed.score(digits.X_test, digits.y_test))
     assert report["site_sizes"] == [int(r.size) for r in sites]
-    assert report["n_train_used"] == 400 and 0.0 <= report["attack_auc"] <= 1.0
-    assert json.loads((cfg.output / "report.json").read_text())["n_sites"] == fed_cfg.sites
-    for q in range(fed_cfg.sites):  # a site's answers are two (m,) arrays, nothing else
-        answers = zarr.open_group(str(cfg.output / f"sites/site{q}/answers/test.zarr"), mode="r")
-        assert sorted(answers.array_keys()) == ["label", "min_distance"]
+
+    # ---- membership: per-site reports equal the in-memory site-local evaluation
+    mem = fed.membership_evaluation([digits.X_train[rows] for rows in sites], digits.X_test,
+                                    max_train_rows=150, random_state=cfg.data.split_seed)
+    assert report["n_train_used"] == sum(min(150, r.size) for r in sites)
+    assert len(report["site_membership"]) == fed_cfg.sites
+    for q, (inference, attack) in enumerate(mem.sites):
+        got = report["site_membership"][q]
+        assert got["site"] == q and got["n_train_used"] == inference.n_train_used
+        assert got["attack_auc"] == pytest.approx(attack.auc, abs=1e-12)
+        assert got["mis"] == pytest.approx(inference.mis, rel=1e-6, abs=1e-9)
+        on_site = json.loads((out / f"sites/site{q}/owner/membership.json").read_text())
+        assert on_site["attack_auc"] == got["attack_auc"]
+    assert report["attack_auc"] == pytest.approx(mem.attack.auc, abs=1e-12)
+    assert report["worst_site"] == mem.worst_site
+
+    # ---- folders: every site split at the release boundary; the report stays with the owner
+    assert json.loads((out / "owner" / "report.json").read_text())["n_sites"] == fed_cfg.sites
+    assert not (out / "report.json").exists() and not (out / "predictions.zarr").exists()
+    for q in range(fed_cfg.sites):
+        site = out / f"sites/site{q}"
+        assert (site / "owner/data/train.zarr").is_dir() and (site / "owner/work").is_dir()
+        if private:
+            assert (site / "public/model.zarr").is_dir()
+            assert "Privacy statement" in (site / "public/PRIVACY.md").read_text()
+            assert sorted(p.name for p in (site / "public").iterdir()) == ["PRIVACY.md", "model.zarr"]
+            assert list((site / "owner/data").glob("*privacy-ledger.json"))
+        else:
+            assert (site / "owner/model.zarr").is_dir() and not (site / "public").exists()
+        answers = zarr.open_group(str(site / "answers/test.zarr"), mode="r")
+        assert sorted(answers.array_keys()) == ["label", "min_distance"]  # ρ_q and ĉ_q only
+        assert not (site / "answers/train.zarr").exists()  # no training rows are ever queried
+    if private:
+        releases = [p["release_id"] for p in report["site_privacy"]]
+        assert len(set(releases)) == fed_cfg.sites  # one release per site, none shared
+
+
+class _no_warning:
+    """A context manager that does nothing (the non-private case expects no warning)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_sites_with_identical_rows_release_different_noise(tmp_path, digits):
+    """No noise reuse across sites: two sites holding the same rows, trained with the same
+    settings and seed, release different noisy rows (the secure source, not the seed)."""
+    settings = TrainSettings(TrainParams(5, 1, epsilon=2.0, dp_data="noisy"), seed=1, bounds=(0, 1))
+    noisy = []
+    for q in range(2):
+        store = write_dataset(tmp_path / f"s{q}" / "train.zarr", digits.X_train[:300], digits.y_train[:300])
+        train_site(q, store, tmp_path / f"s{q}", settings, None)
+        noisy.append(da.from_zarr(str(tmp_path / f"s{q}" / "work" / NOISY)).compute())
+    assert noisy[0].shape == (300, 64)
+    assert np.mean(noisy[0] == noisy[1]) < 0.05
 
 
 def test_pinned_site_tasks_run_on_the_site_worker(tmp_path, digits):
+    """Training, answers and the membership evaluation of site q all run on site q's worker."""
     sites = split_sites(digits.y_train, 3, "iid", random_state=0)
-    settings = TrainSettings(TrainParams(5, 1, epsilon=1.0, dp_data="noisy"), seed=1)
+    settings = TrainSettings(TrainParams(5, 1, epsilon=1.0, dp_data="noisy"), seed=1, bounds=(0, 1))
+    queries = write_dataset(tmp_path / "test.zarr", digits.X_test, digits.y_test)
     with site_cluster(2, 3, processes=False) as cluster, Client(cluster) as client:
         resources = {a: w["resources"] for a, w in client.scheduler_info()["workers"].items()}
         holder = {}
@@ -130,12 +269,16 @@ def test_pinned_site_tasks_run_on_the_site_worker(tmp_path, digits):
             model = tmp_path / f"s{q}" / "model.zarr"
             with get_task_stream(client) as ts:
                 train_site(q, store, tmp_path / f"s{q}", settings, client, pin=True)
-                answer_to_store(q, model, store.X(), store.classes, tmp_path / f"a{q}.zarr",
-                                client, pin=True)
+                answers = answer_to_store(q, model, queries.X(), store.classes,
+                                          tmp_path / f"a{q}.zarr", client, pin=True)
+                summary = site_membership(q, store, model, answers, tmp_path / f"m{q}.json",
+                                          client, max_train_rows=100, pin=True)
             workers = {r["worker"] for r in ts.data}
             assert ts.data and len(workers) == 1  # all of site q's tasks on one worker ...
             holder[q] = workers.pop()
             assert resources[holder[q]] == {f"site{s}": 1 for s in range(q % 2, 3, 2)}  # ... its own
+            assert summary["n_train_used"] == 100 and 0 <= summary["attack_auc"] <= 1
+            assert json.loads((tmp_path / f"m{q}.json").read_text())["mis"] == summary["mis"]
         assert holder[0] != holder[1] and holder[0] == holder[2]
         with pytest.raises(ValueError, match="site3"):
             check_site_resources(client, 4)
@@ -146,7 +289,10 @@ def test_federated_yaml_files_and_strict_schema(tmp_path):
     skew = load_federated_config(PIPELINES / "federated_label_skew.yaml")
     for cfg in (iid, skew):
         assert cfg.data.source == "sklearn:digits" and cfg.privacy.epsilon == 2.0
-        assert cfg.federation.sites == 5
+        assert cfg.data.bounds == [0, 16] and cfg.data.scale == "minmax"  # public bounds
+        assert cfg.privacy.delta == 0 and cfg.privacy.d is None  # pure ε-DP, d = the width
+        assert cfg.privacy.r_source == "passes" and cfg.privacy.cluster_on == "noisy"
+        assert cfg.seed is None and cfg.federation.sites == 5 and cfg.federation.pin_sites
     assert iid.federation.split == "iid" and skew.federation.classes_per_site == 2
     moved = skew.with_overrides(output=str(tmp_path / "x"), **{"federation.sites": 10})
     assert isinstance(moved, FederatedPipelineConfig) and moved.federation.sites == 10
