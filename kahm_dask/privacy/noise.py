@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kahm_dask._validation import check_positive_float, check_positive_int
+from kahm_dask._validation import check_positive_float, check_positive_int, check_probability
 from kahm_dask.privacy.randomness import NoiseSource, SecureRandom
 
 __all__ = [
@@ -229,8 +229,7 @@ class GridLaplace:
 
     def __post_init__(self) -> None:
         check_positive_float(self.epsilon, "epsilon")
-        if not (isinstance(self.delta, (int, float)) and 0.0 <= self.delta < 1.0):
-            raise ValueError(f"delta must lie in [0, 1), got {self.delta!r}.")
+        check_probability(self.delta, "delta", allow_zero=True)  # any real (numpy floats too)
         check_positive_int(self.resolution, "resolution")
         lower = np.atleast_1d(np.asarray(self.lower, dtype=np.float64))
         upper = np.atleast_1d(np.asarray(self.upper, dtype=np.float64))

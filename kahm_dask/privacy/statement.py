@@ -125,8 +125,9 @@ class PrivacyStatement:
             + " per entry of the data matrix (element level): the release is nearly as likely "
             "whatever the value of any one entry, within d of its true value.",
             f"- **Mechanism**: {m['mechanism']}; grid step d/{m['resolution']}, sensitivity "
-            f"{m['sensitivity_steps']} steps, ε used {m['epsilon_used']:.6g} (≤ ε); noise from the "
-            "operating system's secure random generator.",
+            f"{m['sensitivity_steps']} steps, ε used {m['epsilon_used']:.6g} (≤ ε); noise from "
+            + ("the operating system's secure random generator." if self.holds
+               else "a fixed seed (reproducible by anyone who knows it)."),
             f"- **d** (largest change of one entry that is covered): {_fmt(m['d'])}.",
             f"- **Bounds**: [{_fmt(m['lower'])}, {_fmt(m['upper'])}], from {self.bounds_source}; "
             "entries are clipped to them before noise.",
