@@ -1,6 +1,7 @@
 """The naive formulation of the same model, as the paper writes it (benchmark and test reference).
 
-This is the KAHM classifier of ALGORITHM.md §3–§7 computed the textbook way, used only by the
+This is the KAHM classifier of docs/algorithm.md (docs/algorithm.md#kahm to
+docs/algorithm.md#classifier) computed the textbook way, used only by the
 performance benchmarks (as the baseline the project is measured against) and by
 ``tests/core/test_naive_equivalence.py`` (naive and fast agree to 1e-9):
 
@@ -12,12 +13,13 @@ performance benchmarks (as the baseline the project is measured against) and by
 * prediction with the explicit weight matrix ``W = K_q (K + λI)^{-1}`` (m × N, O(m·N²) flops),
   normalised to unit row sums, and ``A = W Y`` (eqs. 31–33).
 
-The only liberty taken is the row shift of §3.4 (multiply each query's kernel row by
-``exp(min_j D²/(2n))``): it cancels in the normalised weights, so the model is the same, and it
-keeps queries far from a cluster from turning into 0/0 (the author's code returns the origin
-there, which would be a different model). Deep, wide and classifier layers are plain loops over
-layers, branches and classes; the branches are the project's own k-means partition (same seeds),
-so naive and project models are the same model and should predict the same classes.
+The only liberty taken is the row shift of docs/algorithm.md#batched-evaluation (multiply each
+query's kernel row by ``exp(min_j D²/(2n))``): it cancels in the normalised weights, so the
+model is the same, and it keeps queries far from a cluster from turning into 0/0 (the author's
+code returns the origin there, which would be a different model). Deep, wide and classifier
+layers are plain loops over layers, branches and classes; the branches are the project's own
+k-means partition (same seeds), so naive and project models are the same model and should
+predict the same classes.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ class NaiveKAHM:
         """``A(y) = Σ_i w_i y^i`` with ``w = K_q G / (K_q G 1)`` (eqs. 31–33)."""
         Xq = Yq @ self.P_.T
         D2 = _mahalanobis_sq(Xq, self.codes_, self.theta_inv_)
-        Kq = np.exp(-(D2 - D2.min(axis=1, keepdims=True)) / self._width)  # §3.4 row shift
+        # row shift (docs/algorithm.md#batched-evaluation)
+        Kq = np.exp(-(D2 - D2.min(axis=1, keepdims=True)) / self._width)
         W = Kq @ self.G_  # (m, N): the explicit O(m·N²) weights h^i
         W /= W.sum(axis=1, keepdims=True)
         return W @ self.Y_

@@ -1,7 +1,8 @@
 """Performance on MNIST: the project vs the naive formulation vs the Dask pipeline.
 
 One run, the same data (MNIST 60 000 training / 10 000 test rows, features tanh(pixel/255),
-ALGORITHM.md §13) and the same settings (n = 20, L = 5, N_b = 1000), for
+docs/algorithm.md#mnist-preprocessing) and the same settings (n = 20, L = 5, N_b = 1000;
+docs/algorithm.md#defaults), for
 
 * ``project``   — :class:`KAHMClassifier`, non-private;
 * ``dp``        — :class:`KAHMClassifier`, DP fabricated data (ε = 1 by default);

@@ -1,4 +1,5 @@
-"""Seed handling shared by every randomised step (noise, subsets, LSDD centres and folds).
+"""Seed handling of the randomised steps that are not private (k-means, subsets, LSDD centres and
+folds). The DP noise never comes from a seed: see :mod:`kahm_dask.privacy.randomness`.
 
 ``random_state`` arguments accept ``None`` (fresh OS entropy), a non-negative ``int``, a
 ``numpy.random.SeedSequence`` or a ``numpy.random.Generator``. Independent streams are derived

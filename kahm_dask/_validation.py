@@ -158,7 +158,8 @@ def check_class_sizes(counts: Mapping[Any, int], min_rows: int = 2) -> None:
 
 
 def check_n_components(n_components: int, n_features: int, stacklevel: int = 2) -> None:
-    """Warn when ``n_components`` exceeds ``n_features``: the subspace is capped (§3.3, A10).
+    """Warn when ``n_components`` exceeds ``n_features``: the subspace is capped
+    (docs/algorithm.md#kahm-guards, docs/algorithm.md#decision-dimension-caps).
 
     Not an error: every KAHM caps its dimension at ``min(n, N − 1, p, rank)`` per layer and
     branch by design, and the default ``n_components=20`` must keep working on data with
@@ -167,7 +168,7 @@ def check_n_components(n_components: int, n_features: int, stacklevel: int = 2) 
     if n_components > n_features:
         warnings.warn(
             f"n_components={n_components} exceeds the number of features ({n_features}); every "
-            f"KAHM subspace is capped at {n_features} dimensions (ALGORITHM.md §3.3). Set "
+            f"KAHM subspace is capped at {n_features} dimensions (docs/algorithm.md#kahm-guards). Set "
             f"n_components <= {n_features} to silence this warning.",
             UserWarning,
             stacklevel=stacklevel + 1,

@@ -1,9 +1,11 @@
-"""KAHM classifier (Definitions 7–8, §7) and its differentially private variants (Def. 12, §11).
+"""KAHM classifier (Definitions 7–8) and its differentially private variants (Definition 12).
 
 One wide conditionally deep KAHM per class; a query gets the class of minimum distance.
 With ``epsilon`` set, every class model is built only on DP data: the noisy rows of
 Algorithm 1 (``dp_data="noisy"``, Definition 12) or the rows fabricated from them
-(``dp_data="fabricated"``, the paper's proposal, §10–11).
+(``dp_data="fabricated"``, the paper's proposal). Definitions and Algorithm 1 are the paper's;
+the implementation is described in docs/algorithm.md#classifier, docs/algorithm.md#fabrication
+and docs/algorithm.md#dp-classifier.
 
 The noise of a DP fit comes from the operating system's secure generator
 (:mod:`kahm_dask.privacy.noise`), never from ``random_state``. ``random_state`` seeds only what
@@ -67,7 +69,8 @@ def class_matching_scores(distances: np.ndarray) -> np.ndarray:
 
     distances : (m, C) per-class distances Γ_c ≥ 0, possibly +∞. Returns (m, C) in
     [e^{-1}, 1]. Rows of zeros give 1 everywhere; with k ≥ 1 infinite entries in a row, those
-    get e^{-1/k} and the finite ones 1 (the limit rule, decision A23).
+    get e^{-1/k} and the finite ones 1 (the limit rule,
+    docs/algorithm.md#decision-infinite-distances).
     """
     return np.exp(-_exponent_ratios(np.asarray(distances, dtype=np.float64)))
 
@@ -92,11 +95,13 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     n_components : int, default=20
-        Subspace dimension n of every KAHM (capped per layer and branch, §3.3).
+        Subspace dimension n of every KAHM (capped per layer and branch,
+        docs/algorithm.md#kahm-guards).
     n_layers : int, default=5
         Layers L of each deep KAHM (layer dimension max(n − l + 1, 1)).
     block_size : int, default=1000
-        N_b: a class of N_c rows gets S_c = max(1, round(N_c / N_b)) branches (§6).
+        N_b: a class of N_c rows gets S_c = max(1, round(N_c / N_b)) branches
+        (docs/algorithm.md#s-rule).
     random_state : None, int, SeedSequence or Generator
         Seeds the k-means steps only (not private). The DP noise never depends on it.
     epsilon : float or None, default=None
@@ -114,8 +119,8 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         Adjacency bound; None: the bound width ``upper − lower``.
     dp_data : {"fabricated", "noisy"}, default="fabricated"
     r_source : {"passes", "threshold", "private"}, default="passes"
-        Stopping rule of the fabrication (docs/algorithm.md): a fixed number of smoother
-        passes ``r_value`` (default :data:`~kahm_dask.privacy.fabrication.DEFAULT_PASSES`),
+        Stopping rule of the fabrication (docs/algorithm.md#stopping-rule): a fixed number of
+        smoother passes ``r_value`` (default :data:`~kahm_dask.privacy.fabrication.DEFAULT_PASSES`),
         a public per-row error ``r_value``, or the paper's r from the private rows (leaks:
         warns with ``PrivacyLeakWarning``).
     r_value : float or int or None

@@ -171,7 +171,7 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
         if n_components > ds.n_features:
             click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
                        f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
-                       "dimensions (docs/algorithm.md).", err=True)
+                       "dimensions (docs/algorithm.md#kahm-guards).", err=True)
         params = TrainParams(n_components, n_layers, epsilon=epsilon, dp_data=dp_data,
                              r_source=r_source, r_value=r_value)
         settings = TrainSettings(params, seed=seed, delta=delta, d=d, bounds=bounds, block_size=block_size,

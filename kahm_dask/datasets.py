@@ -1,5 +1,6 @@
 """Data that ship with a package or are generated: scikit-learn's bundled sets, synthetic
-blobs and the author's 2-D spiral, plus the §11 default split and [0, 1] scaling.
+blobs and the author's 2-D spiral, plus the default split (docs/algorithm.md#train-test-split)
+and [0, 1] scaling.
 
 Nothing here touches the network: only scikit-learn's ``load_*`` functions (bundled files) are
 used; every ``fetch_*`` is rejected.
@@ -110,7 +111,9 @@ def make_class_blobs(
 
 
 def make_spiral(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The author's 2-D three-arm spiral (ALGORITHM.md oracle 20, ``datagen`` of demoGIKM.m).
+    """The author's 2-D three-arm spiral (``datagen`` of demoGIKM.m).
+
+    Used by docs/algorithm.md#oracle-spiral.
 
     u : (k,) positions in [0, 1]. Returns X (3k, 2) with rows (r sin t, r cos t),
     r = 0.25 + 0.7u, t = 2c + 2u for classes c = 1, 2, 3, and y (3k,) in {1, 2, 3}.

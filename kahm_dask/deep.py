@@ -1,9 +1,10 @@
-"""Conditionally deep KAHM (Definitions 3–4, §5) and wide KAHM (Definitions 5–6, §6).
+"""Conditionally deep KAHM (Definitions 3–4) and wide KAHM (Definitions 5–6).
 
 A deep KAHM stacks L KAHMs of the same data with dimensions ``max(n − l + 1, 1)`` and returns,
 per query, the layer output nearest to the query. A wide KAHM k-means-partitions the data into
 S branches, one deep KAHM each, and returns the branch output nearest to the query. Ties keep
-the lowest layer / branch index (decision A18).
+the lowest layer / branch index (docs/algorithm.md#decision-ties). See
+docs/algorithm.md#deep-kahm and docs/algorithm.md#wide-kahm.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ __all__ = ["DeepKAHM", "WideKAHM", "layer_dimensions"]
 
 
 def layer_dimensions(n_components: int, n_layers: int) -> list[int]:
-    """Requested dimension of layer l = 1..L: ``max(n − l + 1, 1)`` (decision A5)."""
+    """Requested dimension of layer l = 1..L: ``max(n − l + 1, 1)``.
+
+    See docs/algorithm.md#decision-layer-dimensions.
+    """
     return [max(n_components - l + 1, 1) for l in range(1, n_layers + 1)]
 
 
@@ -80,8 +84,9 @@ class DeepKAHM(_BatchEvaluator):
     """Conditionally deep KAHM ``D_{Y,n,L}`` (Definitions 3–4, eqs. 50–52, 55).
 
     Layer l applies ``A_{Y,n_l}`` to the output of layer l − 1 (layer 1 to the query), with
-    ``n_l = max(n − l + 1, 1)`` capped by the data (§3.3). All layers model the same ``Y``, so
-    one PCA serves them all, and layers whose capped dimension coincides share one fitted KAHM.
+    ``n_l = max(n − l + 1, 1)`` capped by the data (docs/algorithm.md#kahm-guards). All layers
+    model the same ``Y``, so one PCA serves them all, and layers whose capped dimension
+    coincides share one fitted KAHM.
 
     Parameters
     ----------
@@ -259,7 +264,7 @@ class WideKAHM(_BatchEvaluator):
         return check_positive_int(self.min_cluster_size, "min_cluster_size")
 
     def partition(self, Y: np.ndarray) -> np.ndarray:
-        """k-means branch labels (N,) of validated ``Y`` by the §6 rules."""
+        """k-means branch labels (N,) of validated ``Y`` (docs/algorithm.md#kmeans-partition)."""
         S = n_branches(Y.shape[0], self.block_size, self.s_rule)
         return kmeans_partition(
             Y,

@@ -1,9 +1,12 @@
-"""The Kernel Affine Hull Machine ``A_{Y,n}`` and its distance function (ALGORITHM.md §3–4).
+"""The Kernel Affine Hull Machine ``A_{Y,n}`` and its distance function.
+
+See docs/algorithm.md#kahm and docs/algorithm.md#distance.
 
 ``A_{Y,n}(y) = Σ_i h^i(Py) / Σ_k h^k(Py) · y^i`` (Definition 1, eq. 33) maps every point onto
 the affine hull of the samples; ``Γ(y) = ‖y − A_{Y,n}(y)‖`` (Definition 2, eq. 48) says how far
 ``y`` is from them. Training costs one thin SVD, one N×N kernel matrix and one ``eigh``
-(reused for λ* and the solve); a batch of m queries costs O(m·N·(n + p)) (§3.4).
+(reused for λ* and the solve); a batch of m queries costs O(m·N·(n + p))
+(docs/algorithm.md#batched-evaluation).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ __all__ = [
     "DENOMINATOR_RTOL",
 ]
 
-#: §3.4 guard: a query whose weight sum |Σ h^i| is below this times max_i |B_{i,p}| gets Γ = +∞.
+#: Denominator guard (docs/algorithm.md#denominator-guard): a query whose weight sum |Σ h^i| is
+#: below this times max_i |B_{i,p}| gets Γ = +∞.
 DENOMINATOR_RTOL = 1e-12
 
 #: Rows evaluated together inside the query loops (docs/performance.md): small enough that the
@@ -71,12 +75,16 @@ def _row_sq_norms(A: np.ndarray) -> np.ndarray:
 
 
 class DegenerateWeightsWarning(RuntimeWarning):
-    """Some queries had a near-zero KAHM weight sum (§3.4 guard); their distance is +∞."""
+    """Some queries had a near-zero KAHM weight sum; their distance is +∞.
+
+    See docs/algorithm.md#denominator-guard.
+    """
 
 
 @dataclass(frozen=True)
 class PrincipalSubspace:
-    """Top principal directions of a data matrix after the caps of §3.3.
+    """Top principal directions of a data matrix after the caps of
+    docs/algorithm.md#kahm-guards.
 
     mean : (p,) sample mean ȳ
     directions : (k, p) unit eigenvectors of Σ_Y as rows, by decreasing eigenvalue
@@ -94,11 +102,13 @@ class PrincipalSubspace:
 
 
 def principal_subspace(Y: np.ndarray, n_max: int, min_range: float | None = 1e-3) -> PrincipalSubspace:
-    """Thin-SVD PCA of ``Y`` (N, p) capped as in §3.3 (decisions A10, A21, A22).
+    """Thin-SVD PCA of ``Y`` (N, p) capped as in docs/algorithm.md#kahm-guards.
 
     The dimension is ``min(n_max, N − 1, p, #{σ_k > ε_mach·max(1, σ_1)})``, then lowered to
     ``j − 1`` where ``j`` is the first code coordinate whose range over the samples is below
-    ``min_range`` (floor 1 while σ_1 passes the cap). Rank-0 data get 0 directions.
+    ``min_range`` (floor 1 while σ_1 passes the cap). Rank-0 data get 0 directions. The decisions:
+    docs/algorithm.md#decision-dimension-caps, docs/algorithm.md#decision-eigenvalue-cap,
+    docs/algorithm.md#decision-rank-floor and docs/algorithm.md#decision-rank-zero.
     """
     N, p = Y.shape
     mean = Y.mean(axis=0)
@@ -123,7 +133,8 @@ def principal_subspace(Y: np.ndarray, n_max: int, min_range: float | None = 1e-3
     return PrincipalSubspace(mean, Vt[:n].copy(), sigma[:n].copy())
 
 
-#: The fast PCA path defers to the thin SVD when a decision of §3.3 is this close to its threshold.
+#: The fast PCA path defers to the thin SVD when a cap decision (docs/algorithm.md#kahm-guards) is
+#: this close to its threshold (docs/algorithm.md#decision-pca-path).
 _PCA_MARGIN = 1e6
 
 
@@ -133,9 +144,9 @@ def _top_principal_directions(
     """Top-``k`` principal directions of centred ``Yc`` (N, p) from ``eigh`` of the smaller
     of the two Gram matrices, ``YcᵀYc`` (p × p) or ``Yc Ycᵀ`` (N × N), computing only the top
     ``k`` eigenpairs (``subset_by_index``). Returns ``(directions (n, p), variances (n,))``
-    after the §3.3 caps, or ``None`` when a cap decision is within a wide margin of its
+    after the caps, or ``None`` when a cap decision is within a wide margin of its
     threshold (rank-deficient data, a code range ≈ ``min_range``): there the caller's thin
-    SVD decides, exactly as before.
+    SVD decides, exactly as before (docs/algorithm.md#decision-pca-path).
 
     Same subspace as the thin SVD up to rounding (docs/performance.md: 5× cheaper for an
     MNIST cluster of 1000 × 784, which spends 0.64 s in the SVD).
@@ -171,14 +182,16 @@ def _top_principal_directions(
 
 
 class KAHM(TransformerMixin, BaseEstimator):
-    """Kernel Affine Hull Machine ``A_{Y,n}`` (ALGORITHM.md Definition 1, §3).
+    """Kernel Affine Hull Machine ``A_{Y,n}`` (the paper's Definition 1; docs/algorithm.md#kahm).
 
     Parameters
     ----------
     n_components : int, default=20
-        Subspace dimension n, capped by the data as in §3.3 (see ``n_components_``).
+        Subspace dimension n, capped by the data as in docs/algorithm.md#kahm-guards (see
+        ``n_components_``).
     min_range : float or None, default=1e-3
-        Lower n while an encoded coordinate's range is below this (absolute, §3.3).
+        Lower n while an encoded coordinate's range is below this (absolute,
+        docs/algorithm.md#kahm-guards).
         ``None`` or 0 disables the rule.
     chunk_size : int, default=1000
         Queries evaluated per block; memory per block is O(chunk_size · N).
@@ -186,9 +199,10 @@ class KAHM(TransformerMixin, BaseEstimator):
         ``None`` uses λ* of Theorem 1 (the method). A positive float forces λ; meant for
         tests and ablations only.
     lambda_rtol, lambda_atol, lambda_max_iter :
-        Stopping rule of the λ* fixed point (§2.5, decision A8): stop when the change of
-        e is at most ``lambda_rtol·s`` or, if ``lambda_atol`` is set, when the change of λ
-        is at most ``lambda_atol`` (the author's rule).
+        Stopping rule of the λ* fixed point (docs/algorithm.md#lambda-star,
+        docs/algorithm.md#decision-lambda-stopping): stop when the change of e is at most
+        ``lambda_rtol·s`` or, if ``lambda_atol`` is set, when the change of λ is at most
+        ``lambda_atol`` (the author's rule).
 
     Attributes
     ----------
@@ -199,7 +213,8 @@ class KAHM(TransformerMixin, BaseEstimator):
     lambda_ : float, λ* (or the forced value); e_hat_ : ê; n_iter_ : fixed-point iterations
     kernel_eigenvalues_ : (N,) eigenvalues μ of K_{YPᵀ}, clipped at 0
     codes_ : (N, n) whitened training codes z = θ^{-1/2} P (y − ȳ)
-    beta_ : (N, p + 1) ``(K + λI)^{-1} [Y | 1]``, numerator and denominator weights (§3.4)
+    beta_ : (N, p + 1) ``(K + λI)^{-1} [Y | 1]``, numerator and denominator weights
+        (docs/algorithm.md#batched-evaluation)
     training_error_ : float, r = Σ_i ‖y^i − A(y^i)‖ (eq. 101) on the training rows
     n_samples_fit_, n_features_in_ : int
     """
@@ -233,7 +248,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         """Fit and return the images of the training rows, (N, p).
 
         Uses ``A(Y) = diag(H1)^{-1} H Y`` with ``H = K(K + λI)^{-1}`` from the
-        eigendecomposition already computed (§3.4, "Training-set images").
+        eigendecomposition already computed (docs/algorithm.md#training-images).
         """
         return self._fit(Y, training_images=True)
 
@@ -263,7 +278,8 @@ class KAHM(TransformerMixin, BaseEstimator):
     ) -> np.ndarray | None:
         """Fit on validated ``Y`` with a precomputed PCA; ``n`` is capped by ``subspace``.
 
-        Shared by the layers of a deep KAHM, which all model the same ``Y`` (§5).
+        Shared by the layers of a deep KAHM, which all model the same ``Y``
+        (docs/algorithm.md#deep-kahm).
         """
         N, p = Y.shape
         n = min(n, subspace.n_cap)
@@ -284,7 +300,8 @@ class KAHM(TransformerMixin, BaseEstimator):
         if self.regularization is not None:
             lam, e_hat, n_iter = float(self.regularization), float("nan"), 0
         elif s == 0.0:
-            # All-zero data are rank 0: A(y) = ȳ = 0 for every λ > 0 (§3.3).
+            # All-zero data are rank 0: A(y) = ȳ = 0 for every λ > 0
+            # (docs/algorithm.md#decision-all-zero-data).
             lam, e_hat, n_iter = 1.0, 0.0, 0
         else:
             c2 = np.einsum("ij,ij->i", C[:, :p], C[:, :p])
@@ -347,7 +364,8 @@ class KAHM(TransformerMixin, BaseEstimator):
         (n + 1, N))``."""
         # Query-side operands of the fused kernel (see _images_into). With c = 1/(2n):
         #   [y W·2c − ȳ W·2c, 1] · [z, −c‖z‖²]ᵀ = −c‖zq − z‖² + c‖zq‖²,
-        # and the last term is constant along the row, so it cancels in the §3.4 row shift.
+        # and the last term is constant along the row, so it cancels in the row shift
+        # (docs/algorithm.md#batched-evaluation).
         # The affine map y ↦ [(y − ȳ) W·2c, 1] is one GEMM plus a broadcast row (no pass
         # over the m × p queries to centre them).
         n, p = self.n_components_, self.components_.shape[1]
@@ -393,7 +411,8 @@ class KAHM(TransformerMixin, BaseEstimator):
 
     # --------------------------------------------------------------- evaluation
     def _ratio(self, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Images ``O[:, :p] / O[:, p]`` (eq. 33) and the mask of guarded rows (§3.4)."""
+        """Images ``O[:, :p] / O[:, p]`` (eq. 33) and the mask of guarded rows
+        (docs/algorithm.md#denominator-guard)."""
         den = O[:, -1]
         bad = ~(np.abs(den) >= self._den_threshold)  # also catches NaN
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -404,7 +423,8 @@ class KAHM(TransformerMixin, BaseEstimator):
     def _images_into(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Images of the rows of ``x`` (m, p) written into ``out`` (m, p); returns the guard mask.
 
-        The fused §3.4 batch formula, two GEMMs and three passes over the (m, N) block:
+        The fused batch formula of docs/algorithm.md#batched-evaluation, two GEMMs and three
+        passes over the (m, N) block:
         ``E = [Zq/n, 1]·[Z, −‖z‖²/(2n)]ᵀ`` (= −D²/(2n) up to a row constant; ``Zq/n`` from
         one GEMM with the mean folded into an offset row), ``E −= rowmax E``,
         ``Kq = exp(E)`` in place (each row's largest entry is exactly 1), ``O = Kq·B``,
@@ -437,7 +457,7 @@ class KAHM(TransformerMixin, BaseEstimator):
             if new:
                 warnings.warn(
                     f"{new} query row(s) had a near-zero KAHM weight sum; their distance "
-                    "is set to +inf (ALGORITHM.md §3.4).",
+                    "is set to +inf (docs/algorithm.md#denominator-guard).",
                     DegenerateWeightsWarning,
                     stacklevel=stacklevel + 1,
                 )

@@ -1,4 +1,6 @@
-"""The whitened Gaussian kernel of a KAHM and its squared distances (ALGORITHM.md §3.2, §3.4).
+"""The whitened Gaussian kernel of a KAHM and its squared distances.
+
+See docs/algorithm.md#kahm-definition and docs/algorithm.md#batched-evaluation.
 
 Codes are whitened, ``z = θ^{-1/2} P (y - ȳ)``, so the Mahalanobis kernel of eq. (35)
 becomes ``k(z, z') = exp(-‖z - z'‖² / (2n))``. Squared distances are computed with one
@@ -18,7 +20,8 @@ __all__ = [
 
 
 def kernel_scale(n: int) -> float:
-    """Return the factor ``1/(2n)`` of eq. (35); 0 for rank-0 data (n = 0, §3.3)."""
+    """Return the factor ``1/(2n)`` of eq. (35); 0 for rank-0 data
+    (n = 0, docs/algorithm.md#decision-rank-zero)."""
     return 0.5 / n if n > 0 else 0.0
 
 
@@ -63,7 +66,8 @@ def gaussian_kernel_matrix(Z: np.ndarray, n: int) -> np.ndarray:
 def shifted_query_kernel(
     Zq: np.ndarray, Z: np.ndarray, Z_sq_norms: np.ndarray, n: int
 ) -> np.ndarray:
-    """Query kernel rows multiplied by ``exp(min_j D²[a, j] / (2n))`` (§3.4 stabilisation).
+    """Query kernel rows multiplied by ``exp(min_j D²[a, j] / (2n))`` (the row shift of
+    docs/algorithm.md#batched-evaluation).
 
     Zq : (m, n) query codes, Z : (N, n) training codes. Returns (m, N); every row has
     its largest entry equal to 1, so the KAHM ratio (eq. 33), in which a common row

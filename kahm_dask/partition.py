@@ -1,8 +1,9 @@
-"""k-means partition rules of the wide KAHM (ALGORITHM.md §6, decisions A4 and §6).
+"""k-means partition rules of the wide KAHM (docs/algorithm.md#kmeans-partition).
 
 ``S = max(1, round_half_up(N / N_b))`` (or ``ceil``); k-means++ with 10 restarts and a
 seeded stream per run; while a cluster has fewer than ``min_cluster_size`` rows, S ← S − 1
 and re-cluster, down to S = 1. The Dask pipeline applies the same rules with dask-ml.
+Decisions: docs/algorithm.md#decision-s-rule, docs/algorithm.md#decision-min-cluster-size.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ S_RULES = ("round", "ceil")
 
 
 def n_branches(n_samples: int, block_size: int = 1000, rule: str = "round") -> int:
-    """Number of branches S for N samples and block size N_b (eq. 61, decision A4)."""
+    """Number of branches S for N samples and block size N_b (eq. 61,
+    docs/algorithm.md#decision-s-rule)."""
     check_positive_int(block_size, "block_size")
     if rule == "round":
         S = math.floor(n_samples / block_size + 0.5)
@@ -33,7 +35,7 @@ def n_branches(n_samples: int, block_size: int = 1000, rule: str = "round") -> i
 
 
 def default_min_cluster_size(n_components: int) -> int:
-    """``max(30, n + 2)`` (decision of §6)."""
+    """``max(30, n + 2)`` (docs/algorithm.md#decision-min-cluster-size)."""
     return max(30, n_components + 2)
 
 
@@ -47,7 +49,8 @@ def kmeans_partition(
     max_iter: int = 10_000,
     tol: float = 1e-4,
 ) -> np.ndarray:
-    """Cluster the rows of ``Y`` (N, p) into at most ``n_clusters`` parts (§6).
+    """Cluster the rows of ``Y`` (N, p) into at most ``n_clusters`` parts
+    (docs/algorithm.md#kmeans-partition).
 
     Attempt ``a`` (S = n_clusters − a) uses the k-means seed stream ``child(seed, a)``.
     Returns (N,) int64 labels in ``0..S−1``; every part has at least ``min_cluster_size``

@@ -1,6 +1,7 @@
-"""The regularisation parameter λ* of a KAHM: Theorem 1 fixed point (ALGORITHM.md §2).
+"""The regularisation parameter λ* of a KAHM: Theorem 1 fixed point (docs/algorithm.md#krls).
 
-With ``K = U diag(μ) Uᵀ`` and ``C = Uᵀ Y`` the training MSE of KRLS is (§2.2)
+With ``K = U diag(μ) Uᵀ`` and ``C = Uᵀ Y`` the training MSE of KRLS is
+(docs/algorithm.md#training-mse)
 
     e(λ) = 1/(pN) Σ_k (λ / (μ_k + λ))² ‖C_k,:‖²,
 
@@ -43,7 +44,7 @@ class LambdaFixedPoint:
 def regularized_training_mse(
     e: float | np.ndarray, tau: float, mu: np.ndarray, c2: np.ndarray, pN: int
 ) -> float | np.ndarray:
-    """``R(e, τ)`` of eq. (21) in spectral form (§2.2).
+    """``R(e, τ)`` of eq. (21) in spectral form (docs/algorithm.md#training-mse).
 
     mu : (N,) eigenvalues of K (clipped at 0); c2 : (N,) squared row norms of ``UᵀY``;
     pN : p·N. ``e`` may be a scalar or an array of values (evaluated independently).
@@ -65,7 +66,8 @@ def solve_lambda_spectral(
     lambda_atol: float | None = None,
     max_iter: int = 1000,
 ) -> LambdaFixedPoint:
-    """Iterate ``e ← R(e, 2s)`` from ``e0`` (default s/2) to the fixed point (§2.5).
+    """Iterate ``e ← R(e, 2s)`` from ``e0`` (default s/2) to the fixed point
+    (docs/algorithm.md#lambda-star).
 
     Stops when ``|e_new − e| ≤ rtol·s`` or, if ``lambda_atol`` is given (the author's
     rule: 0.01 in MATLAB, 1e-3 in Python), when the change of λ is at most ``lambda_atol``.
@@ -100,7 +102,8 @@ def solve_lambda(
     lambda_atol: float | None = None,
     max_iter: int = 1000,
 ) -> LambdaFixedPoint:
-    """λ* for the kernel matrix ``K`` (N, N) and regression targets ``Y`` (N, p) (§2.5).
+    """λ* for the kernel matrix ``K`` (N, N) and regression targets ``Y`` (N, p)
+    (docs/algorithm.md#lambda-star).
 
     Computes ``eigh(K)`` once (O(N³)), then iterates the spectral form of R.
     Raises ``ValueError`` if ``Y`` is all zeros (Theorem 1 assumes Y ≠ 0).

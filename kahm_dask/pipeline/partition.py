@@ -1,12 +1,13 @@
-"""Per-class k-means partition with dask-ml on Zarr-backed dask arrays (ALGORITHM.md §6).
+"""Per-class k-means partition with dask-ml on Zarr-backed dask arrays.
 
-The §6 rules are the core's (:func:`kahm_dask.partition.n_branches`, minimum cluster size,
-S ← S − 1 until every cluster is large enough). The clustering scales to data larger than
-memory: k-means|| initial centres (:func:`scalable_kmeans_init`, with the weighted
+The rules of docs/algorithm.md#kmeans-partition are the core's
+(:func:`kahm_dask.partition.n_branches`, minimum cluster size, S ← S − 1 until every cluster is
+large enough; docs/algorithm.md#decision-pipeline-partition). The clustering scales to data
+larger than memory: k-means|| initial centres (:func:`scalable_kmeans_init`, with the weighted
 re-clustering step that dask-ml's own k-means|| leaves out), then
 ``dask_ml.cluster.KMeans(init=centres)`` for the Lloyd iterations. ``oversampling_factor``
-defaults to 2·K (the default of 2 finds too few candidate centres for large K,
-ARCHITECTURE.md). dask-ml's ``inertia_`` is not used.
+defaults to 2·K (dask-ml's default of 2 finds too few candidate centres for large K).
+dask-ml's ``inertia_`` is not used.
 
 Cost: dask-ml does not persist its input, so every k-means|| round and Lloyd iteration
 re-reads the class's rows. The pipeline therefore clusters the class-grouped copy
@@ -76,8 +77,9 @@ def scalable_kmeans_init(
     rows of its mode is ≈ σ²p(1 + 1/k), so the centre averaging the most candidates takes the
     whole mode in the first Lloyd step and the others keep a handful of rows (measured on the
     4096-feature synthetic data: clusters of 1, 5, 4, 243, 1 and 5788 rows for S = 6); the
-    minimum-cluster-size rule of §6 then re-ran k-means once per decrement of S. Centres that
-    are all single rows start Lloyd's iterations on an equal footing.
+    minimum-cluster-size rule (docs/algorithm.md#kmeans-partition) then re-ran k-means once per
+    decrement of S. Centres that are all single rows start Lloyd's iterations on an equal
+    footing.
 
     Cost: 2 + rounds passes over ``Xc`` plus the reads of the kept rows. Randomness: the first
     row from ``child(seed, 0)``, round r's draws from ``child(seed, 1, r)`` per row block, the
@@ -125,9 +127,9 @@ def partition_class(
     """Cluster the rows of one class (a dask array (N_c, p)) → (N_c,) int64 labels.
 
     k-means|| initial centres (:func:`scalable_kmeans_init`), then dask-ml's Lloyd iterations
-    (``dask_ml.cluster.KMeans(init=centres)``); §6: S ← S − 1 until every cluster has at least
-    ``min_cluster_size`` rows. Attempt ``a`` uses the seed ``child(seed, a)``. Returns all
-    zeros when S = 1.
+    (``dask_ml.cluster.KMeans(init=centres)``); S ← S − 1 until every cluster has at least
+    ``min_cluster_size`` rows (docs/algorithm.md#kmeans-partition). Attempt ``a`` uses the seed
+    ``child(seed, a)``. Returns all zeros when S = 1.
     """
     N = Xc.shape[0]
     S, attempt = min(int(n_clusters), N), 0

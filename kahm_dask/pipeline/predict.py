@@ -1,5 +1,6 @@
 """Distributed prediction: per-cluster distance blocks, a min over the clusters of each class,
-an argmin over classes (ALGORITHM.md Definitions 6–7) — a reduction, not a gather.
+an argmin over classes (the paper's Definitions 6–7; docs/algorithm.md#wide-kahm,
+docs/algorithm.md#classifier) — a reduction, not a gather.
 
 Test rows stay in Zarr, chunked by rows. For every cluster model, ``map_blocks`` gives one
 (rows,) distance block per row chunk; ``min`` over a class's clusters and ``argmin`` over

@@ -1,9 +1,10 @@
-"""Smoother, DP fabricated data and big-data fabrication (ALGORITHM.md §10, Defs. 13–14).
+"""Smoother, DP fabricated data and big-data fabrication (the paper's Definitions 13–14).
 
 The smoother fits a KAHM to the current points and replaces every point by its own KAHM
-image, repeatedly (decision A2): ``Ŷ_0 = Y⁺_ε``, ``Ŷ_m = A_{Ŷ_{m−1},n}(Ŷ_{m−1})``. The
-fabricated data ``Ỹ = F_n(Y⁺_ε, r)`` are the images after the smallest number of passes
-``M̃`` whose modelling error does not exceed the original data's ``r`` (eqs. 100–106).
+image, repeatedly (docs/algorithm.md#decision-smoother-recursion): ``Ŷ_0 = Y⁺_ε``,
+``Ŷ_m = A_{Ŷ_{m−1},n}(Ŷ_{m−1})``. The fabricated data ``Ỹ = F_n(Y⁺_ε, r)`` are the images
+after the smallest number of passes ``M̃`` whose modelling error does not exceed the original
+data's ``r`` (eqs. 100–106). See docs/algorithm.md#fabrication.
 
 Privacy: with the defaults (``r_source="passes"``, ``cluster_on="noisy"``) everything here is
 post-processing of ``Y⁺_ε``. The paper's stopping threshold ``r`` is computed from the private
@@ -99,7 +100,8 @@ def fabricate(
     n_passes: int | None = None,
     min_range: float | None = 1e-3,
 ) -> Fabrication:
-    """DP fabricated data ``Ỹ = F_n(Y⁺_ε, r)`` (Definition 14, §10.2 algorithm).
+    """DP fabricated data ``Ỹ = F_n(Y⁺_ε, r)`` (Definition 14;
+    docs/algorithm.md#fabricated-data).
 
     Y_noisy : (N, p) noisy data from Algorithm 1. Give exactly one of
     ``r`` (stop at the first pass whose iterate's modelling error is ≤ r; the paper) or
@@ -149,7 +151,9 @@ def fabricate_partitioned(
     max_passes: int = 100,
     min_range: float | None = 1e-3,
 ) -> tuple[np.ndarray, np.ndarray, list[int | None]]:
-    """Big-data fabrication of Remark 4 (§10.3): fabricate each k-means subset on its own.
+    """Big-data fabrication of Remark 4: fabricate each k-means subset on its own.
+
+    See docs/algorithm.md#big-data-fabrication.
 
     Y : (N, p) original private rows (used only for ``r_s`` and, with
     ``cluster_on="original"``, the partition); Y_noisy : (N, p) their noisy rows, aligned.

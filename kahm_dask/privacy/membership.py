@@ -1,20 +1,25 @@
-"""Membership-inference score and attack (ALGORITHM.md §8, §15 A12, A13, A24, A25).
+"""Membership-inference score and attack (docs/algorithm.md#membership).
 
-* :func:`lsdd` -- least-squares density-difference estimation (Sugiyama et al. 2013, §8.2) of
-  the squared L2 distance ``int (p1 - p2)^2`` between the densities of two samples.
-* ``mis`` (§8.1, eq. 73 at o = 0) -- LSDD between sample set 1, ``min_c Gamma_c(y)`` over the
-  (original, private) training rows, and sample set 2, the same over the test rows; and
-  ``mis_norm`` (§8.3) -- the same on the distances divided by their pooled median.
-* The scale-free threshold attack of §8.3 with score ``-min_c Gamma_c(y)``: ROC AUC, attacker
-  advantage and TPR at 1 % / 0.1 % FPR.
+* :func:`lsdd` -- least-squares density-difference estimation (Sugiyama et al. 2013;
+  docs/algorithm.md#lsdd) of the squared L2 distance ``int (p1 - p2)^2`` between the densities
+  of two samples.
+* ``mis`` (eq. 73 at o = 0; docs/algorithm.md#mis) -- LSDD between sample set 1,
+  ``min_c Gamma_c(y)`` over the (original, private) training rows, and sample set 2, the same
+  over the test rows; and ``mis_norm`` (docs/algorithm.md#mis-reporting) -- the same on the
+  distances divided by their pooled median.
+* The scale-free threshold attack of docs/algorithm.md#mis-reporting with score
+  ``-min_c Gamma_c(y)``: ROC AUC, attacker advantage and TPR at 1 % / 0.1 % FPR.
 
 The classifier-level functions take any object with a ``class_distances(X) -> (m, C)`` method.
 The ``*_from_distances`` functions take the 1-D arrays of min-over-class distances directly (for
 pipelines that compute distances elsewhere). One ``random_state`` seeds a whole evaluation: the
-training-row subset (§8.1) uses its child stream 0 and LSDD its child stream 1, so
-``membership_inference_score(clf, X_train, X_test, random_state=s)`` equals
+training-row subset (docs/algorithm.md#mis) uses its child stream 0 and LSDD its child
+stream 1, so ``membership_inference_score(clf, X_train, X_test, random_state=s)`` equals
 ``membership_inference_from_distances(dist[training_row_subset(n, m, s)], dist_test,
 random_state=s)``, and the attack with the same seed sees the same training rows.
+
+Decisions: docs/algorithm.md#decision-lsdd-settings, docs/algorithm.md#decision-mis-members,
+docs/algorithm.md#decision-mis-norm, docs/algorithm.md#decision-membership-subsets.
 """
 
 from __future__ import annotations
@@ -47,25 +52,28 @@ __all__ = [
     "membership_evaluation",
 ]
 
-#: §8.2 step 6: σ grid of the public LSDD port, multiplied by the median pairwise distance.
+#: docs/algorithm.md#lsdd, step 6: σ grid of the public LSDD port, multiplied by the median
+#: pairwise distance.
 SIGMA_FACTORS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.2, 1.5, 2.0, 2.2, 2.5, 3.0, 5.0)
-#: §8.2 step 6: λ grid ``logspace(-3, 1, 9)``.
+#: docs/algorithm.md#lsdd, step 6: λ grid ``logspace(-3, 1, 9)``.
 LAMBDA_GRID: tuple[float, ...] = tuple(np.logspace(-3.0, 1.0, 9))
 
-# Child streams of an LSDD seed (§8.2) and of a membership-evaluation seed (§8.1).
+# Child streams of an LSDD seed (docs/algorithm.md#lsdd) and of a membership-evaluation seed
+# (docs/algorithm.md#mis).
 _MEDIAN_STREAM, _CENTRE_STREAM, _FOLD_STREAM = 0, 1, 2
 _SUBSET_STREAM, _LSDD_STREAM = 0, 1
 
 
 class SupportsClassDistances(Protocol):
-    """A classifier exposing the per-class distances ``Gamma_c(y)`` of §7 as an (m, C) array."""
+    """A classifier exposing the per-class distances ``Gamma_c(y)`` as an (m, C) array
+    (docs/algorithm.md#classifier)."""
 
     def class_distances(self, X: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
 class LSDDResult:
-    """LSDD estimate (§8.2 step 4) and the model selected by cross-validation.
+    """LSDD estimate (docs/algorithm.md#lsdd, step 4) and the model selected by cross-validation.
 
     ``l2 = 2 h^T theta - theta^T H theta`` (unclipped, may be slightly negative),
     ``l2_clipped = max(0, l2)``, ``sigma``/``lambda_`` the selected kernel width and ridge,
@@ -81,9 +89,10 @@ class LSDDResult:
 
 @dataclass(frozen=True)
 class MembershipInference:
-    """§8.3 report: ``mis`` (raw), ``mis_norm`` (distances divided by ``median_distance``),
-    the pooled finite median ``median_distance`` (m~), the number of training rows used, the
-    number of test rows and the number of ``+inf`` distances left out of the LSDD samples."""
+    """Report of docs/algorithm.md#mis-reporting: ``mis`` (raw), ``mis_norm`` (distances
+    divided by ``median_distance``), the pooled finite median ``median_distance`` (m~), the
+    number of training rows used, the number of test rows and the number of ``+inf`` distances
+    left out of the LSDD samples."""
 
     mis: float
     mis_norm: float
@@ -95,9 +104,10 @@ class MembershipInference:
 
 @dataclass(frozen=True)
 class MembershipAttack:
-    """§8.3 threshold attack with score ``-min_c Gamma_c``: ROC AUC (0.5 = no signal), attacker
-    advantage ``max |TPR - FPR|``, the largest TPR at FPR <= 1 % and <= 0.1 %, and the numbers
-    of members (training rows, label 1) and non-members (test rows, label 0)."""
+    """Threshold attack of docs/algorithm.md#mis-reporting, score ``-min_c Gamma_c``: ROC AUC
+    (0.5 = no signal), attacker advantage ``max |TPR - FPR|``, the largest TPR at FPR <= 1 % and
+    <= 0.1 %, and the numbers of members (training rows, label 1) and non-members (test rows,
+    label 0)."""
 
     auc: float
     advantage: float
@@ -108,7 +118,7 @@ class MembershipAttack:
 
 
 # ----------------------------------------------------------------------------------------------
-# LSDD (§8.2)
+# LSDD (docs/algorithm.md#lsdd)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -134,7 +144,8 @@ def _as_grid(values: ArrayLike, name: str) -> np.ndarray:
 
 
 def _sigma_scale(pool: np.ndarray, median_subset: int | None, rng: np.random.Generator) -> float:
-    """Median pairwise distance of the pooled sample (§8.2 step 6, §15 A25).
+    """Median pairwise distance of the pooled sample (docs/algorithm.md#lsdd, step 6;
+    docs/algorithm.md#decision-membership-subsets).
 
     Over a seeded subset of ``median_subset`` points drawn without replacement when the pool is
     larger (``None``: exact). Falls back to the standard deviation of all pooled entries, then 1.
@@ -153,7 +164,8 @@ def _sigma_scale(pool: np.ndarray, median_subset: int | None, rng: np.random.Gen
 def _lsdd_kernels(
     sq_a: np.ndarray, sq_b: np.ndarray, sq_c: np.ndarray, sigma: float, dim: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gaussian design matrices (n1, b_c), (n2, b_c) and ``H`` (b_c, b_c) of §8.2 step 3."""
+    """Gaussian design matrices (n1, b_c), (n2, b_c) and ``H`` (b_c, b_c) of
+    docs/algorithm.md#lsdd, step 3."""
     two_sigma_sq = 2.0 * sigma * sigma
     H = (np.sqrt(np.pi) * sigma) ** dim * np.exp(-sq_c / (2.0 * two_sigma_sq))
     return np.exp(-sq_a / two_sigma_sq), np.exp(-sq_b / two_sigma_sq), H
@@ -180,7 +192,8 @@ def _cv_select(
     n_folds: int,
     rng: np.random.Generator,
 ) -> tuple[float, float]:
-    """§8.2 step 5: K-fold CV; return the (sigma, lambda) with the smallest summed score.
+    """K-fold CV (docs/algorithm.md#lsdd, step 5): the (sigma, lambda) with the smallest summed
+    score.
 
     ``score_k = theta_k^T H theta_k - 2 h_te^T theta_k`` with ``theta_k = (H + lam I)^{-1}
     h_tr``; ``h_tr``/``h_te`` are differences of fold means (other folds / fold k). Ties go to
@@ -221,7 +234,7 @@ def lsdd(
     random_state: RandomState = 0,
     median_subset: int | None = 2000,
 ) -> LSDDResult:
-    """Least-squares density-difference estimate of ``int (p1 - p2)^2`` (§8.2).
+    """Least-squares density-difference estimate of ``int (p1 - p2)^2`` (docs/algorithm.md#lsdd).
 
     Parameters
     ----------
@@ -235,7 +248,8 @@ def lsdd(
     n_folds : K of the K-fold CV (step 5); skipped when the grid has a single (sigma, lambda).
     random_state : seeds the median subset, the centres and the folds (separate child streams).
     median_subset : the median pairwise distance is taken over this many pooled points, drawn
-        without replacement, when the pool is larger; ``None`` for the exact median (§15 A25).
+        without replacement, when the pool is larger; ``None`` for the exact median
+        (docs/algorithm.md#decision-membership-subsets).
 
     Returns
     -------
@@ -287,7 +301,7 @@ def lsdd(
 
 
 # ----------------------------------------------------------------------------------------------
-# Distances -> mis / attack (§8.1, §8.3)
+# Distances -> mis / attack (docs/algorithm.md#mis, docs/algorithm.md#mis-reporting)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -306,7 +320,8 @@ def _as_distances(dist: ArrayLike, name: str) -> np.ndarray:
 def training_row_subset(
     n_rows: int, max_train_rows: int | None, random_state: RandomState = 0
 ) -> np.ndarray:
-    """Indices (sorted, int64) of the training rows used for ``mis`` and the attack (§8.1).
+    """Indices (sorted, int64) of the training rows used for ``mis`` and the attack
+    (docs/algorithm.md#mis).
 
     All rows when ``max_train_rows`` is None or >= ``n_rows``; otherwise a uniform random subset
     of ``max_train_rows`` rows drawn without replacement from child stream 0 of
@@ -329,7 +344,9 @@ def membership_inference_from_distances(
     random_state: RandomState = 0,
     **lsdd_kwargs: Any,
 ) -> MembershipInference:
-    """``mis`` and ``mis_norm`` (§8.1, §8.3) from min-over-class distances.
+    """``mis`` and ``mis_norm`` from min-over-class distances.
+
+    See docs/algorithm.md#mis and docs/algorithm.md#mis-reporting.
 
     ``dist_train`` (n_train,) are ``min_c Gamma_c`` of the training rows used (sample set 1),
     ``dist_test`` (n_test,) those of the test rows (sample set 2). ``+inf`` values are left out of
@@ -367,7 +384,7 @@ def membership_inference_from_distances(
 def membership_attack_from_distances(
     dist_train: ArrayLike, dist_test: ArrayLike
 ) -> MembershipAttack:
-    """§8.3 threshold attack from min-over-class distances.
+    """Threshold attack of docs/algorithm.md#mis-reporting from min-over-class distances.
 
     Members (label 1) are the training rows (``dist_train``), non-members (label 0) the test rows.
     The attack score ``-min_c Gamma_c`` is replaced by its dense rank among all scores (ROC
@@ -412,7 +429,8 @@ def _membership_distances(
     max_train_rows: int | None,
     random_state: RandomState,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sample sets 1 and 2 of §8.1: distances of the (subset of) training rows and test rows."""
+    """Sample sets 1 and 2 of docs/algorithm.md#mis: distances of the (subset of) training rows
+    and test rows."""
     if not callable(getattr(clf, "class_distances", None)):
         raise TypeError("clf must provide a class_distances(X) -> (m, n_classes) method.")
     X_train = as_data_matrix(X_train, "X_train", min_rows=2)
@@ -436,13 +454,13 @@ def membership_inference_score(
     random_state: RandomState = 0,
     **lsdd_kwargs: Any,
 ) -> MembershipInference:
-    """``mis`` / ``mis_norm`` report of §8.1/§8.3 for a classifier.
+    """``mis`` / ``mis_norm`` report for a classifier (docs/algorithm.md#mis-reporting).
 
     ``X_train`` (n, p) must be the **original private** training rows the classifier was built
-    for (§15 A13), not noisy or fabricated data; ``X_test`` (m, p) the test rows. With
-    ``max_train_rows`` a seeded uniform subset of the training rows is used (§8.1); the same
-    ``random_state`` gives :func:`membership_attack` the same rows. ``lsdd_kwargs`` go to
-    :func:`lsdd`.
+    for (docs/algorithm.md#decision-mis-members), not noisy or fabricated data; ``X_test``
+    (m, p) the test rows. With ``max_train_rows`` a seeded uniform subset of the training rows is
+    used (docs/algorithm.md#mis); the same ``random_state`` gives :func:`membership_attack` the
+    same rows. ``lsdd_kwargs`` go to :func:`lsdd`.
     """
     dist_train, dist_test = _membership_distances(
         clf, X_train, X_test, max_train_rows, random_state
@@ -460,7 +478,9 @@ def membership_attack(
     max_train_rows: int | None = None,
     random_state: RandomState = 0,
 ) -> MembershipAttack:
-    """§8.3 threshold attack (score ``-min_c Gamma_c``) on the original training rows vs test rows.
+    """Threshold attack (score ``-min_c Gamma_c``) on the original training rows vs test rows.
+
+    See docs/algorithm.md#mis-reporting.
 
     The training-row subset is the one :func:`membership_inference_score` uses for the same
     ``max_train_rows`` and ``random_state``.
@@ -480,7 +500,8 @@ def membership_evaluation(
     random_state: RandomState = 0,
     **lsdd_kwargs: Any,
 ) -> tuple[MembershipInference, MembershipAttack]:
-    """Both §8.3 reports from one pass of ``clf.class_distances`` over the training and test rows.
+    """Both reports of docs/algorithm.md#mis-reporting from one pass of ``clf.class_distances``
+    over the training and test rows.
 
     Equal to ``(membership_inference_score(...), membership_attack(...))`` with the same
     arguments, at half the distance computations; with ``random_state=None`` it is the only way

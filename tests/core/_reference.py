@@ -1,6 +1,7 @@
-"""Independent reference implementations used by the core tests (ALGORITHM.md §2–§4).
+"""Independent reference implementations used by the core tests.
 
-Everything here is written from the formulas of ALGORITHM.md with explicit linear solves
+Everything here is written from the formulas of docs/algorithm.md (docs/algorithm.md#krls,
+docs/algorithm.md#kahm, docs/algorithm.md#distance) with explicit linear solves
 (``scipy.linalg.solve``) and broadcasting, never with the library's spectral shortcuts, so the
 tests compare two different computations of the same quantity.
 """

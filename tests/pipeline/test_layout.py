@@ -81,7 +81,8 @@ def test_scalable_init_gives_data_rows_reproducibly_and_one_centre_per_blob():
 
 def test_high_dimensional_modes_split_without_tiny_clusters():
     """Regression: dask-ml's unweighted k-means|| re-clustering gave clusters of 1–5 rows on
-    high-dimensional Gaussian modes (the §6 rule then re-ran k-means for every S − 1)."""
+    high-dimensional Gaussian modes (the rule of
+    docs/algorithm.md#kmeans-partition then re-ran k-means for every S − 1)."""
     from kahm_dask.pipeline.data import synthetic_blobs
     from kahm_dask.pipeline.partition import partition_class
 

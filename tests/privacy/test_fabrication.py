@@ -1,5 +1,5 @@
 """Smoother, DP fabricated data and Remark 4 fabrication (the paper's Definitions 13–14,
-docs/algorithm.md).
+docs/algorithm.md#fabrication).
 
 The smoother's oracles (one pass, no NaN, the stopping rule, the error trend, rows near the
 data, DP blobs end to end), plus the API of ``fabricate_partitioned``: a given partition, the
@@ -64,7 +64,7 @@ def _noisy(Y: np.ndarray, eps: float, seed: int = 1) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# oracle 25: M = 1, no NaN
+# docs/algorithm.md#oracle-smoother-one-pass: M = 1, no NaN
 # ---------------------------------------------------------------------------------------------
 
 
@@ -97,7 +97,7 @@ def test_oracle25_iterates_never_nan(low_rank, eps):
 
 
 # ---------------------------------------------------------------------------------------------
-# oracle 26: the stopping rule of Definition 14
+# docs/algorithm.md#oracle-stopping-rule: the stopping rule of Definition 14
 # ---------------------------------------------------------------------------------------------
 
 
@@ -142,7 +142,7 @@ def test_modelling_error_is_sum_of_norms(low_rank):
 
 
 # ---------------------------------------------------------------------------------------------
-# oracle 27: Theorem 6 trend
+# docs/algorithm.md#oracle-smoother-trend: Theorem 6 trend
 # ---------------------------------------------------------------------------------------------
 
 
@@ -162,7 +162,7 @@ def test_oracle27_error_trend(low_rank):
 
 
 # ---------------------------------------------------------------------------------------------
-# oracle 28: fabricated data stay near the data
+# docs/algorithm.md#oracle-fabricated-near-data: fabricated data stay near the data
 # ---------------------------------------------------------------------------------------------
 
 
@@ -177,7 +177,7 @@ def test_oracle28_fabricated_rows_near_data(low_rank, eps):
 
 
 # ---------------------------------------------------------------------------------------------
-# oracle 29: end to end on the DP blobs
+# docs/algorithm.md#oracle-dp-end-to-end: end to end on the DP blobs
 # ---------------------------------------------------------------------------------------------
 
 

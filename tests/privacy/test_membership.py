@@ -1,4 +1,8 @@
-"""LSDD, membership-inference score and attack (ALGORITHM.md §8): oracles 30, 30b, 31."""
+"""LSDD, membership-inference score and attack (docs/algorithm.md#membership).
+
+Oracles: docs/algorithm.md#oracle-lsdd-gaussians, docs/algorithm.md#oracle-lsdd-exact,
+docs/algorithm.md#oracle-mis-members.
+"""
 
 import numpy as np
 import pytest
@@ -27,7 +31,7 @@ def _true_l2_unit_gaussians(mu: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# LSDD (§8.2)
+# LSDD (docs/algorithm.md#lsdd)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -54,7 +58,7 @@ def test_oracle30b_exact_estimator(dim):
     sigma, lam = 0.6, 0.05
     res = lsdd(a, b, sigma_list=[sigma], lambda_list=[lam], n_centers=1000)
     assert (res.sigma, res.lambda_, res.n_centers) == (sigma, lam, 70)
-    # direct evaluation of §8.2 step 3-4 with every pooled point as a centre
+    # direct evaluation of steps 3-4 of docs/algorithm.md#lsdd with every pooled point as a centre
     A, B = a.reshape(40, dim), b.reshape(30, dim)
     C = np.concatenate([A, B])
     sq = lambda X, Y: ((X[:, None, :] - Y[None, :, :]) ** 2).sum(axis=2)  # noqa: E731
@@ -160,7 +164,7 @@ def test_lsdd_input_checks(a, b, kwargs, error, match):
 
 
 # ---------------------------------------------------------------------------------------------
-# Attack (§8.3)
+# Attack (docs/algorithm.md#mis-reporting)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -211,7 +215,7 @@ def test_distance_checks(bad):
 
 
 # ---------------------------------------------------------------------------------------------
-# mis from distances (§8.1, §8.3)
+# mis from distances (docs/algorithm.md#mis, docs/algorithm.md#mis-reporting)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -242,7 +246,7 @@ def test_mis_norm_is_lsdd_on_median_scaled_distances():
 
 
 # ---------------------------------------------------------------------------------------------
-# Classifier level (oracle 31)
+# Classifier level (docs/algorithm.md#oracle-mis-members)
 # ---------------------------------------------------------------------------------------------
 
 
