@@ -16,7 +16,13 @@ from sklearn.cluster import KMeans
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_positive_int
 
-__all__ = ["n_branches", "default_min_cluster_size", "kmeans_partition", "check_partition"]
+__all__ = [
+    "n_branches",
+    "default_min_cluster_size",
+    "kmeans_partition",
+    "check_partition",
+    "cap_cluster_rows",
+]
 
 S_RULES = ("round", "ceil")
 
@@ -91,3 +97,30 @@ def check_partition(partition, n_samples: int, min_rows: int = 2) -> tuple[np.nd
             f"needs at least {min_rows} samples."
         )
     return labels, ids
+
+
+def cap_cluster_rows(labels: np.ndarray, max_rows: int | None) -> np.ndarray:
+    """Split every cluster of more than ``max_rows`` rows into ``⌈n / max_rows⌉`` parts.
+
+    labels : (N,) integer cluster labels of one class. A cluster of n > max_rows rows becomes
+    parts of ⌊n/k⌋ or ⌈n/k⌉ consecutive rows (in row order), k = ⌈n / max_rows⌉; the labels are
+    renumbered 0..S' − 1 in order of the original label, then part. Bounds the rows, hence the
+    memory, of every per-cluster task; no data are read, so on a partition of DP rows it is
+    post-processing. ``max_rows`` None returns ``labels`` unchanged.
+
+    >>> cap_cluster_rows(np.array([0, 0, 0, 0, 0, 1]), 2).tolist()
+    [0, 0, 1, 1, 2, 3]
+    """
+    if max_rows is None:
+        return labels
+    if max_rows < 2:
+        raise ValueError(f"max_rows must be >= 2 (a KAHM needs 2 rows), got {max_rows}.")
+    labels = np.asarray(labels)
+    out = np.empty(labels.shape, dtype=np.int64)
+    next_label = 0
+    for s in np.unique(labels):
+        rows = np.flatnonzero(labels == s)
+        k = -(-rows.size // max_rows)
+        out[rows] = next_label + (np.arange(rows.size) * k) // rows.size
+        next_label += k
+    return out

@@ -492,13 +492,16 @@ def _check_budget(value: list, key: str) -> None:
 class PartitionConfig(Section):
     """``partition``: dask-ml k-means|| per class (``oversampling_factor: null`` = 2·K);
     a class is held in worker memory during its k-means when its rows take at most
-    ``persist_fraction`` of the workers' total memory limit (0: always re-read from Zarr)."""
+    ``persist_fraction`` of the workers' total memory limit (0: always re-read from Zarr);
+    ``max_cluster_rows`` (null: no cap) splits larger clusters, bounding every training
+    task's memory (a fabrication task holds about 3 copies of its rows plus a KAHM fit)."""
 
     _key: ClassVar[str] = "partition"
     oversampling_factor: float | None = field(default=None, metadata=bound(gt=0))
     init_max_iter: int = field(default=5, metadata=bound(ge=1))
     max_iter: int = field(default=100, metadata=bound(ge=1))
     persist_fraction: float = field(default=0.25, metadata=bound(ge=0, lt=1))
+    max_cluster_rows: int | None = field(default=None, metadata=bound(ge=2))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from sklearn.cluster import kmeans_plusplus
 from sklearn.metrics import pairwise_distances_argmin_min
 
 from kahm_dask._random import child_seed_sequence
-from kahm_dask.partition import default_min_cluster_size, n_branches
+from kahm_dask.partition import cap_cluster_rows, default_min_cluster_size, n_branches
 
 __all__ = ["scalable_kmeans_init", "partition_class", "partition_classes"]
 
@@ -165,6 +165,7 @@ def partition_classes(
     max_iter: int = 100,
     persist_bytes: int = 0,
     max_concurrent_classes: int = 4,
+    max_cluster_rows: int | None = None,
 ) -> np.ndarray:
     """Within-class cluster labels for every row of the class-grouped copy ``X_by_class``
     (dask array (N, p), class code c in rows [start, stop) for each ``(c, start, stop)`` of
@@ -174,7 +175,9 @@ def partition_classes(
     ``child(seed, c)`` and its rows get labels 0..S_c − 1. A class whose rows take at most
     ``persist_bytes`` is held in (worker) memory while its k-means runs, so the Lloyd
     iterations do not re-read it from Zarr; classes run concurrently only as far as their
-    held rows fit ``persist_bytes`` together.
+    held rows fit ``persist_bytes`` together. With ``max_cluster_rows``, a cluster larger than
+    that is split (:func:`~kahm_dask.partition.cap_cluster_rows`), which bounds the memory of
+    every training task.
     """
     labels = np.zeros(X_by_class.shape[0], dtype=np.int64)
     mcs = min_cluster_size or default_min_cluster_size(n_components)
@@ -203,4 +206,6 @@ def partition_classes(
     # scheduling latency (each Lloyd step is a small graph). Results do not depend on order.
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), concurrency, max_concurrent_classes))) as pool:
         list(pool.map(one_class, jobs))
+    for _, a, b in class_bounds:
+        labels[a:b] = cap_cluster_rows(labels[a:b], max_cluster_rows)
     return labels

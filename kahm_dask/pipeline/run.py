@@ -121,6 +121,7 @@ def settings_from_config(cfg, train: DatasetStore | None = None) -> TrainSetting
         oversampling_factor=part.oversampling_factor,
         init_max_iter=part.init_max_iter,
         kmeans_max_iter=part.max_iter,
+        max_cluster_rows=part.max_cluster_rows,
         kmeans_persist_fraction=part.persist_fraction,
         budget=None if p.budget is None else tuple(p.budget),
     )

@@ -95,6 +95,7 @@ class TrainSettings:
     oversampling_factor: float | None = None
     init_max_iter: int = 5
     kmeans_max_iter: int = 100
+    max_cluster_rows: int | None = None
     kmeans_persist_fraction: float = 0.25
     budget: tuple[float, float] | None = None
     insecure_noise_seed: int | None = None
@@ -293,6 +294,7 @@ def train_pipeline(
             oversampling_factor=settings.oversampling_factor,
             init_max_iter=settings.init_max_iter,
             max_iter=settings.kmeans_max_iter,
+            max_cluster_rows=settings.max_cluster_rows,
             persist_bytes=_persist_bytes(settings.kmeans_persist_fraction, client),
         )
     else:

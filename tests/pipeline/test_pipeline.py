@@ -24,7 +24,7 @@ from kahm_dask import KAHMClassifier
 from kahm_dask.cli import main
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.partition import kmeans_partition
-from kahm_dask.pipeline.modelstore import cluster_dir, load_cluster
+from kahm_dask.pipeline.modelstore import cluster_dir, load_cluster, read_manifest
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, predict_to_store
 from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.pipeline.tasks import TrainParams
@@ -117,6 +117,17 @@ def test_building_the_prediction_graph_loads_no_model(tmp_path, digits, monkeypa
     D = predict_mod.class_distance_array(tmp_path / "m.zarr", da.from_array(digits.X_test, chunks=(200, -1)))
     assert loads == []
     assert D.compute(scheduler="synchronous").shape == (digits.X_test.shape[0], 10) and loads
+
+
+def test_max_cluster_rows_bounds_every_task(tmp_path, digits):
+    """partition.max_cluster_rows splits the k-means clusters so no task gets more rows (the
+    memory bound of the out-of-core DP run); the model store records the capped clusters."""
+    store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
+    settings = TrainSettings(TrainParams(10, 1), seed=3, block_size=60, max_cluster_rows=50)
+    summary = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, progress=False)
+    sizes = [c["n_rows"] for c in read_manifest(tmp_path / "m.zarr")["clusters"]]
+    assert max(sizes) <= 50 and sum(sizes) == digits.X_train.shape[0]
+    assert summary["n_clusters"] == len(sizes) > 10 * 2
 
 
 def _write_pipeline(tmp_path: Path, extra: str = "", data: str = "") -> Path:
