@@ -36,7 +36,7 @@ from benchmarks._harness import blas_threads, machine_facts, markdown_table, wri
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import PUBLIC_BOUNDS, Split, load_bundled, split_and_scale
 from kahm_dask.federated import FederatedClassifier, fit_sites, label_heterogeneity, split_sites
-from kahm_dask.privacy.fabrication import FabricationWarning
+from kahm_dask.privacy.fabrication import DEFAULT_PASSES, FabricationWarning
 from kahm_dask.privacy.membership import membership_attack_from_distances
 
 N_COMP, N_LAYERS, BLOCK, EPSILON = 20, 5, 1000, 2.0
@@ -152,7 +152,7 @@ def main() -> None:
         f"Split seed {SPLIT_SEED} (stratified 70/30), features scaled to [0, 1] by the public "
         "bounds (digits 0–16; breast cancer, which has none, by the pooled training min/max). "
         f"n = {N_COMP}, L = {N_LAYERS}, N_b = {BLOCK}. DP: fabricated data with the leak-free "
-        f"defaults (4 smoother passes, k-means on the noisy rows), ε = {EPSILON:g} per entry at "
+        f"defaults ({DEFAULT_PASSES} smoother passes, k-means on the noisy rows), ε = {EPSILON:g} per entry at "
         "every site, δ = 0, public bounds [0, 1], d = 1, noise from the OS's secure generator; "
         "the sites hold disjoint rows, so the federation is also ε-DP per entry "
         "(parallel composition). A seed s seeds the k-means of the centralised model, the site "

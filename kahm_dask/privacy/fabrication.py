@@ -46,7 +46,7 @@ R_SOURCES = ("passes", "threshold", "private")
 CLUSTER_ON = ("noisy", "original")
 #: Smoother passes M̃ of ``r_source="passes"`` when ``r_value`` is None (chosen by accuracy,
 #: docs/privacy.md "Choosing the defaults").
-DEFAULT_PASSES = 4
+DEFAULT_PASSES = 8
 
 
 class FabricationWarning(UserWarning):
