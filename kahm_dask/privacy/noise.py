@@ -23,8 +23,8 @@ Exactness: ``r`` is a float, hence a dyadic rational, rounded *up* from ``exp(�
 ε is ``Δ·ln(1/r) ≤ ε``). A geometric variable with ``P(G ≥ g) = r^g`` is ``G = ⌊ln U / ln r⌋``
 for a uniform real ``U``. Each ``U`` starts as 64 random bits; the fast path evaluates the floor
 in float64 and accepts it only where a margin larger than every rounding error in the formula
-shows that all reals ``U`` consistent with the bits give the same ``G``. The rest (fewer than
-one in 10⁹ draws) are decided exactly: rational comparisons ``U ≤ r^g`` with Python integers,
+shows that all reals ``U`` consistent with the bits give the same ``G``. The rest (under one draw
+in 10⁷) are decided exactly: rational comparisons ``U ≤ r^g`` with Python integers,
 drawing more bits of ``U`` until the comparison is decided. The noise is thus *exactly* the
 discrete Laplace law, with no truncated tail.
 
@@ -158,7 +158,7 @@ def geometric(n: int, ratio: float, source: NoiseSource, *, margin_rel: float = 
     certain &= words >= _FAST_MIN_WORD
     out = lo.astype(np.int64)
     del lo
-    for i in np.flatnonzero(~certain):  # fewer than 1e-9 of the draws at the default margin
+    for i in np.flatnonzero(~certain):  # under 1e-7 of the draws (words < 2**40 and near-integer t)
         out[i] = _geometric_exact(int(words[i]), ratio, source)
     return out
 

@@ -1,4 +1,4 @@
-"""Atomic writes and resume, without killing processes (issue item 3; docs/reliability.md §3).
+"""Atomic writes and resume, without killing processes (docs/reliability.md §3).
 
 The model store commits a cluster by renaming a complete temporary directory (arrays,
 attributes and the completion marker) into place. These tests create the states an

@@ -1,5 +1,5 @@
 """Bad input, wherever data enter: the estimator, the store, the pipeline YAML, the CLI and the
-pipeline functions (issue item 1, docs/reliability.md §1).
+pipeline functions (docs/reliability.md §1).
 
 Every case is one row of a table: what is fed in, the exception, a pattern that must name the
 problem and, where the message can carry one, a pattern naming the fix.

@@ -1,5 +1,5 @@
 """Interrupted runs: kill ``kahm-dask run`` mid-training, rerun the same command
-(issue item 3; docs/reliability.md §3).
+(docs/reliability.md §3).
 
 The rerun must resume — reuse the data stores, the stored noisy rows (never drawn again), the
 k-means seed and every complete cluster, recompute only the missing clusters — and give the

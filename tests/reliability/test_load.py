@@ -1,5 +1,4 @@
-"""Concurrent prediction requests against one trained model (issue item 6;
-docs/reliability.md §6).
+"""Concurrent prediction requests against one trained model (docs/reliability.md §6).
 
 * fast: four concurrent requests with different inputs, and two models at once, on one
   client each get their own results (task keys depend on the input and the model store);

@@ -1,4 +1,4 @@
-"""No original training row in anything a DP run releases (issue item 4; docs/reliability.md §4).
+"""No original training row in anything a DP run releases (docs/reliability.md §4).
 
 The scanner (:class:`~tests.reliability.conftest.RowScanner`) looks for every training row, as
 ``p`` consecutive values equal to 1e-9, in raw bytes (float64 at 8 offsets, float32 at 4),

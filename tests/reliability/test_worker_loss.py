@@ -1,5 +1,5 @@
 """Worker loss: SIGKILL one of two worker processes mid-training and mid-prediction
-(issue item 2; docs/reliability.md §2).
+(docs/reliability.md §2).
 
 The workers run without nannies, so a killed worker stays dead and the survivor must finish.
 The scheduler reschedules what the dead worker was running or holding (a task is given up
