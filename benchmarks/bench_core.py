@@ -57,7 +57,7 @@ def main(argv=None) -> None:
         for n in args.sizes:
             X, y = make_class_blobs(n + args.n_test, 20, 10, random_state=n)
             split = split_and_scale(X, y, test_size=args.n_test, split_seed=0, scale=False)
-            rows += run_dataset(f"blobs p=20 C=10", split, args.repeat if n <= 10_000 else 1)
+            rows += run_dataset("blobs p=20 C=10", split, args.repeat if n <= 10_000 else 1)
     table = markdown_table(
         ["data", "n_train", "n_test", "model", "fit s", "predict s", "accuracy"], rows
     )

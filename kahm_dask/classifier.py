@@ -40,9 +40,8 @@ from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.partition import check_partition
 from kahm_dask.privacy.bounds import resolve_bounds
 from kahm_dask.privacy.fabrication import _check_fabrication_options, fabricate_partitioned
-from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import as_noise_source
-from kahm_dask.privacy.statement import PrivacyStatement, warn_weakenings
+from kahm_dask.privacy.statement import plan_release
 
 __all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "PARTITION_STREAM", "MODEL_STREAM"]
 
@@ -293,16 +292,19 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         """The DP release of X (clip, exact discrete noise), recorded in the ledger; sets
         ``privacy_statement_``."""
         lower, upper, bounds_source = resolve_bounds(self.bounds, X, stacklevel=3)
-        mechanism = GridLaplace(self.epsilon, lower, upper, delta=self.delta, d=self.d)
-        statement = PrivacyStatement.from_settings(
-            mechanism,
+        mechanism, statement = plan_release(
+            self.epsilon,
+            lower,
+            upper,
             bounds_source,
+            delta=self.delta,
+            d=self.d,
             dp_data=self.dp_data,
             r_source=self.r_source,
             cluster_on=self.cluster_on,
             insecure_noise=self.insecure_noise_seed is not None,
+            stacklevel=3,
         )
-        warn_weakenings(statement.weakenings, stacklevel=4)
         if self.ledger is not None:
             self.ledger.check(mechanism.epsilon, mechanism.delta)
         X_noisy = mechanism.release(X, as_noise_source(self.insecure_noise_seed))

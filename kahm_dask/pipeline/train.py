@@ -56,7 +56,7 @@ from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC, public_bound
 from kahm_dask.privacy.ledger import PrivacyLedger, ledger_path
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import NoiseSource, as_noise_source
-from kahm_dask.privacy.statement import PrivacyStatement, warn_weakenings
+from kahm_dask.privacy.statement import plan_release
 
 log = logging.getLogger("kahm_dask")
 
@@ -239,16 +239,18 @@ def train_pipeline(
     X_noisy, privacy, statement = None, None, None
     if params.private:
         lower, upper, bounds_source = release_bounds(settings, store)
-        mechanism = GridLaplace(params.epsilon, lower, upper, delta=settings.delta, d=settings.d)
-        statement = PrivacyStatement.from_settings(
-            mechanism,
+        mechanism, statement = plan_release(
+            params.epsilon,
+            lower,
+            upper,
             bounds_source,
+            delta=settings.delta,
+            d=settings.d,
             dp_data=params.dp_data,
             r_source=params.r_source,
             cluster_on=settings.cluster_on,
             insecure_noise=settings.insecure_noise_seed is not None,
         )
-        warn_weakenings(statement.weakenings, stacklevel=2)
         description = mechanism.describe()
         ledger = PrivacyLedger(ledger_path(store.path), budget=settings.budget)
         details = {

@@ -26,7 +26,7 @@ from kahm_dask.privacy.bounds import BOUNDS_PRIVATE
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
-__all__ = ["PrivacyStatement", "weakenings", "warn_weakenings"]
+__all__ = ["PrivacyStatement", "weakenings", "warn_weakenings", "plan_release"]
 
 NOT_COVERED = [
     "the labels (class of each row), and hence the exact number of rows of each class",
@@ -131,7 +131,7 @@ class PrivacyStatement:
             f"- **d** (largest change of one entry that is covered): {_fmt(m['d'])}.",
             f"- **Bounds**: [{_fmt(m['lower'])}, {_fmt(m['upper'])}], from {self.bounds_source}; "
             "entries are clipped to them before noise.",
-            f"- **A whole record** of p features is covered at (p·ε, p·δ) by composition.",
+            "- **A whole record** of p features is covered at (p·ε, p·δ) by composition.",
             f"- **Released**: the {self.dp_data} DP rows and models fitted on them only "
             "(post-processing costs no privacy).",
             "- **Not covered**: " + "; ".join(self.not_covered) + ".",
@@ -146,3 +146,34 @@ def _fmt(v) -> str:
     if isinstance(v, list):
         return f"per feature, {min(v):g} to {max(v):g}"
     return f"{v:g}"
+
+
+def plan_release(
+    epsilon: float,
+    lower,
+    upper,
+    bounds_source: str,
+    *,
+    delta: float,
+    d,
+    dp_data: str,
+    r_source: str,
+    cluster_on: str,
+    insecure_noise: bool,
+    stacklevel: int = 2,
+) -> tuple[GridLaplace, PrivacyStatement]:
+    """The mechanism of a release and its statement, with one warning per weakening setting.
+
+    The one place where the estimator and the pipeline turn their settings into a release.
+    """
+    mechanism = GridLaplace(epsilon, lower, upper, delta=delta, d=d)
+    statement = PrivacyStatement.from_settings(
+        mechanism,
+        bounds_source,
+        dp_data=dp_data,
+        r_source=r_source,
+        cluster_on=cluster_on,
+        insecure_noise=insecure_noise,
+    )
+    warn_weakenings(statement.weakenings, stacklevel=stacklevel + 1)
+    return mechanism, statement
