@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 import kahm_dask.report as report_mod
 from kahm_dask.datasets import load_bundled
@@ -24,17 +23,9 @@ from kahm_dask.pipeline.store import open_dataset
 from kahm_dask.privacy.ledger import ledger_path
 
 from ..reliability.conftest import RowScanner
+from ..reliability.conftest import _arrays as _zarr_arrays
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _zarr_arrays(root: Path) -> dict[str, np.ndarray]:
-    out = {}
-    for meta in sorted(root.rglob("zarr.json")):
-        node = json.loads(meta.read_text())
-        if node.get("node_type") == "array":
-            out[str(meta.parent.relative_to(root))] = zarr.open_array(meta.parent, mode="r")[...]
-    return out
 
 
 def _row_keys(X: np.ndarray) -> set[bytes]:
