@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kahm_dask._validation import check_positive_float, check_positive_int, check_probability
+from kahm_dask.privacy.bounds import public_bounds
 from kahm_dask.privacy.randomness import NoiseSource, SecureRandom
 
 __all__ = [
@@ -231,20 +232,14 @@ class GridLaplace:
         check_positive_float(self.epsilon, "epsilon")
         check_probability(self.delta, "delta", allow_zero=True)  # any real (numpy floats too)
         check_positive_int(self.resolution, "resolution")
-        lower = np.atleast_1d(np.asarray(self.lower, dtype=np.float64))
-        upper = np.atleast_1d(np.asarray(self.upper, dtype=np.float64))
-        lower, upper = np.broadcast_arrays(lower, upper)
-        if lower.ndim != 1 or not (np.isfinite(lower).all() and np.isfinite(upper).all()):
-            raise ValueError("bounds must be finite scalars or 1-D arrays of one value per feature.")
-        if np.any(upper <= lower):
-            j = int(np.flatnonzero(upper <= lower)[0])
-            raise ValueError(f"bounds: upper must exceed lower, got [{lower[j]}, {upper[j]}] for feature {j}.")
+        n_features = max(np.size(self.lower), np.size(self.upper))
+        lower, upper = public_bounds((self.lower, self.upper), n_features)
         d = upper - lower if self.d is None else np.broadcast_to(np.asarray(self.d, dtype=np.float64), lower.shape)
         if not (np.isfinite(d).all() and np.all(d > 0)):
             raise ValueError(f"d must be finite and > 0, got {self.d!r}.")
         set_ = object.__setattr__
-        set_(self, "lower", lower.copy())
-        set_(self, "upper", upper.copy())
+        set_(self, "lower", lower)
+        set_(self, "upper", upper)
         set_(self, "d", np.array(d, dtype=np.float64))
         set_(self, "delta", float(self.delta))
         set_(self, "step", self.d / self.resolution)
