@@ -114,11 +114,10 @@ def feature_bounds(data, n_features: int, train: DatasetStore | None = None) -> 
     of the training store ``train`` (None is returned when it is not given). Call it only for
     DP runs (it warns).
     """
-    raw = raw_bounds(data, n_features)
+    public = _feature_range(data, n_features)
+    if public is not None:
+        return (*public_bounds(public, n_features), BOUNDS_PUBLIC)
     if data.scale == "minmax":
-        ones = (np.zeros(n_features), np.ones(n_features))
-        if raw is not None:
-            return (*ones, BOUNDS_PUBLIC)
         warnings.warn(
             "data.scale 'minmax' without data.bounds: the features are scaled by the training "
             "split's min and max, which are private and not covered by the guarantee. Give "
@@ -126,11 +125,7 @@ def feature_bounds(data, n_features: int, train: DatasetStore | None = None) -> 
             PrivacyLeakWarning,
             stacklevel=2,
         )
-        return (*ones, BOUNDS_PRIVATE)
-    if data.scale == "tanh255":
-        return (np.tanh(raw[0] / 255.0), np.tanh(raw[1] / 255.0), BOUNDS_PUBLIC)
-    if raw is not None:
-        return (*raw, BOUNDS_PUBLIC)
+        return (np.zeros(n_features), np.ones(n_features), BOUNDS_PRIVATE)
     if train is None:
         return None
     return (*store_bounds(train), BOUNDS_PRIVATE)

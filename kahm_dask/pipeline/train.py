@@ -136,8 +136,7 @@ def release_bounds(settings: TrainSettings, store: DatasetStore) -> tuple[np.nda
         return lower, upper, settings.bounds_source or BOUNDS_PUBLIC
     fr = store.attrs.get("feature_range")
     if fr:
-        lower, upper = np.asarray(fr["min"], np.float64), np.asarray(fr["max"], np.float64)
-        return lower, np.where(upper > lower, upper, lower + 1.0), BOUNDS_PUBLIC
+        return (*public_bounds((fr["min"], fr["max"]), p), BOUNDS_PUBLIC)
     return (*store_bounds(store), BOUNDS_PRIVATE)
 
 
