@@ -28,6 +28,9 @@ from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 __all__ = ["PrivacyStatement", "weakenings", "warn_weakenings", "plan_release"]
 
+SEEDED_NOISE = "the noise was drawn from a fixed seed (insecure_noise_seed): NOT differentially private"
+PRIVATE_BOUNDS = "the bounds (and d) were taken from the private data: each feature's min and max is released"
+
 NOT_COVERED = [
     "the labels (class of each row), and hence the exact number of rows of each class",
     "the presence or absence of a record (the guarantee is for the value of one entry, not for "
@@ -48,9 +51,9 @@ def weakenings(
     """Every setting in use that weakens the guarantee, in words (empty: none)."""
     out = []
     if insecure_noise:
-        out.append("the noise was drawn from a fixed seed (insecure_noise_seed): NOT differentially private")
+        out.append(SEEDED_NOISE)
     if bounds_source == BOUNDS_PRIVATE:
-        out.append("the bounds (and d) were taken from the private data: each feature's min and max is released")
+        out.append(PRIVATE_BOUNDS)
     if r_source == "private":
         out.append(
             "r_source='private': the smoother stops at the private rows' modelling error, so the number "
@@ -70,7 +73,7 @@ def weakenings(
 def warn_weakenings(items: list[str], *, stacklevel: int = 2) -> None:
     """One :class:`PrivacyLeakWarning` per weakening (bounds are warned where they are taken)."""
     for text in items:
-        if not text.startswith(("the bounds", "the noise")):  # warned where they happen
+        if text not in (SEEDED_NOISE, PRIVATE_BOUNDS):  # warned where they happen
             warnings.warn(text, PrivacyLeakWarning, stacklevel=stacklevel + 1)
 
 
@@ -108,7 +111,7 @@ class PrivacyStatement:
     @property
     def holds(self) -> bool:
         """False when the noise was seeded: then there is no guarantee at all."""
-        return not any(w.startswith("the noise") for w in self.weakenings)
+        return SEEDED_NOISE not in self.weakenings
 
     def to_dict(self) -> dict:
         return {**asdict(self), "holds": self.holds}
