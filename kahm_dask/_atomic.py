@@ -1,0 +1,84 @@
+"""Atomic writes: a reader sees the old file or directory, or the new one, never a part.
+
+Every file and directory the library writes goes through these helpers. A text file is
+written to a uniquely named sibling, flushed to disk, then renamed over the target
+(``os.replace`` is atomic on POSIX and Windows within one file system). A directory is built
+under a sibling name and renamed into place; an existing target is moved aside first and
+deleted only after the new one is in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_text_atomic", "write_json_atomic", "replace_directory", "atomic_directory"]
+
+
+def _sibling(path: Path, tag: str) -> Path:
+    return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex}")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (parent folders are created).
+
+    >>> import tempfile
+    >>> p = write_text_atomic(Path(tempfile.mkdtemp()) / "a" / "note.txt", "hello")
+    >>> p.read_text()
+    'hello'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(path, "tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, **dumps_kwargs: Any) -> Path:
+    """Write ``json.dumps(obj, **dumps_kwargs)`` to ``path`` atomically."""
+    return write_text_atomic(path, json.dumps(obj, **dumps_kwargs))
+
+
+def replace_directory(new: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Put the complete directory ``new`` at ``target``; an old ``target`` is moved aside
+    first and removed only once ``new`` is in place."""
+    new, target = Path(new), Path(target)
+    if not target.exists():
+        os.replace(new, target)
+        return
+    old = _sibling(target, "old")
+    os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling directory path of ``target``; on success it replaces
+    ``target`` (:func:`replace_directory`), on error it is removed.
+
+    The caller creates the directory (e.g. as a Zarr store) at the yielded path.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(target, "tmp")
+    try:
+        yield tmp
+        replace_directory(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
