@@ -4,7 +4,9 @@ Every file and directory the library writes goes through these helpers. A text f
 written to a uniquely named sibling, flushed to disk, then renamed over the target
 (``os.replace`` is atomic on POSIX and Windows within one file system). A directory is built
 under a sibling name and renamed into place; an existing target is moved aside first and
-deleted only after the new one is in place.
+deleted only after the new one is in place. The model store's clusters
+(:mod:`kahm_dask.pipeline.modelstore`) use the same sibling names but their own commit,
+which never replaces a complete cluster (concurrent writers of one cluster).
 """
 
 from __future__ import annotations
@@ -18,10 +20,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_text_atomic", "write_json_atomic", "replace_directory", "atomic_directory"]
+__all__ = [
+    "sibling_path",
+    "write_text_atomic",
+    "write_json_atomic",
+    "replace_directory",
+    "atomic_directory",
+]
 
 
-def _sibling(path: Path, tag: str) -> Path:
+def sibling_path(path: str | os.PathLike, tag: str) -> Path:
+    """A new hidden sibling of ``path`` named ``.<name>.<tag>-<32 hex digits>``.
+
+    Temporary (``tag="tmp"``) and moved-aside (``tag="old"``) files and directories are
+    named so; a name is unique, so concurrent writers never collide.
+
+    >>> sibling_path("/data/a.zarr", "tmp").name[:12]
+    '.a.zarr.tmp-'
+    """
+    path = Path(path)
     return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex}")
 
 
@@ -35,7 +52,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(path, "tmp")
+    tmp = sibling_path(path, "tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -55,14 +72,18 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, **dumps_kwargs: Any) ->
 
 def replace_directory(new: str | os.PathLike, target: str | os.PathLike) -> None:
     """Put the complete directory ``new`` at ``target``; an old ``target`` is moved aside
-    first and removed only once ``new`` is in place."""
+    first and removed only once ``new`` is in place (it is moved back if that fails)."""
     new, target = Path(new), Path(target)
     if not target.exists():
         os.replace(new, target)
         return
-    old = _sibling(target, "old")
+    old = sibling_path(target, "old")
     os.replace(target, old)
-    os.replace(new, target)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -75,7 +96,7 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(target, "tmp")
+    tmp = sibling_path(target, "tmp")
     try:
         yield tmp
         replace_directory(tmp, target)

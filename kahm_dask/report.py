@@ -10,12 +10,13 @@ anywhere. Plots use matplotlib's Agg backend (files only, no screen).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
 import numpy as np
+
+from kahm_dask._atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["write_report", "write_privacy_statement", "ledger_markdown", "FABRICATED_PLOT", "STATEMENT_FILE"]
 
@@ -107,7 +108,7 @@ def write_privacy_statement(public: Path, statement_markdown: str, ledger: dict 
         "",
     ])
     path = public / STATEMENT_FILE
-    _write_text(path, text)
+    write_text_atomic(path, text)
     return path
 
 
@@ -127,7 +128,7 @@ def write_report(
     report says which folder is which."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_text(out / "report.json", json.dumps(metrics, indent=2, default=_jsonable))
+    write_json_atomic(out / "report.json", metrics, indent=2, default=_jsonable)
     lines = [f"# kahm-dask run: {metrics.get('name', '')}", ""]
     if public_dir is not None:
         lines += [
@@ -166,14 +167,8 @@ def write_report(
         rel = os.path.relpath(public_dir / FABRICATED_PLOT, out)
         lines += ["", "## Fabricated (DP) rows (public)", "", f"![fabricated rows]({rel})"]
     text = "\n".join(lines) + "\n"
-    _write_text(out / "report.md", text)
+    write_text_atomic(out / "report.md", text)
     return text
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _jsonable(v):

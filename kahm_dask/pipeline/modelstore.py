@@ -26,7 +26,6 @@ import errno
 import json
 import os
 import shutil
-import uuid
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from kahm_dask._atomic import sibling_path
 from kahm_dask.deep import DeepKAHM
 
 __all__ = [
@@ -91,7 +91,7 @@ def save_cluster(
     if cluster_done(model_path, c, s) is not None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex}"
+    tmp = sibling_path(final, "tmp")
     try:
         layer_states, meta = model.to_state()
         group = zarr.open_group(tmp, mode="w", zarr_format=3)
@@ -128,7 +128,7 @@ def _commit(tmp: Path, final: Path, attempts: int = 5) -> None:
                 raise
         if _read_marker(final) is not None:
             return
-        trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex}"
+        trash = sibling_path(final, "old")
         try:
             os.rename(final, trash)
         except FileNotFoundError:

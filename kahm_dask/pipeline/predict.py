@@ -9,18 +9,16 @@ classes run blockwise too. Distances and predictions are written back to Zarr.
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from pathlib import Path
 
-import dask
 import dask.array as da
 import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
+from kahm_dask._atomic import atomic_directory
 from kahm_dask._validation import check_finite_rows
+from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.modelstore import cached_cluster, cluster_dir, read_manifest
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
@@ -77,41 +75,18 @@ def predict_to_store(
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler. Written under a temporary name and renamed into place when complete: a failed
-    job leaves the previous predictions untouched. Returns the written group, whose attributes hold ``classes`` (the labels the
+    scheduler. Written under a temporary name and renamed into place when complete
+    (:func:`kahm_dask._atomic.atomic_directory`): a failed job leaves the previous predictions
+    untouched. Returns the written group, whose attributes hold ``classes`` (the labels the
     codes index).
     """
     D = class_distance_array(model_path, X)
     codes = D.argmin(axis=1).astype(np.int64)
     out = Path(out_path)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex}"
-    try:
+    with atomic_directory(out) as tmp:
         group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
         p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
-        job = da.store([D, codes], [d_arr, p_arr], lock=False, compute=False)
-        if client is None:
-            dask.compute(job)
-        else:
-            futures = client.compute(job, retries=2)
-            if progress:
-                from distributed import progress as dask_progress
-
-                dask_progress(futures, notebook=False)
-            client.gather(futures)
+        compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress)
         group.attrs["classes"] = read_manifest(model_path)["classes"]
-        _replace_directory(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return zarr.open_group(str(out), mode="r", zarr_format=3)
-
-
-def _replace_directory(new: Path, final: Path) -> None:
-    """Put the complete directory ``new`` at ``final``; an old ``final`` is removed only after."""
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex}"
-        os.replace(final, old)
-        os.replace(new, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(new, final)

@@ -22,9 +22,10 @@ kahm_dask.privacy.ledger.BudgetExceededError: this release (ε = 2, δ = 0) woul
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from kahm_dask._atomic import write_json_atomic
 
 __all__ = ["PrivacyLedger", "BudgetExceededError", "LEDGER_SUFFIX", "ledger_path"]
 
@@ -105,9 +106,7 @@ class PrivacyLedger:
         return {"releases": len(self.entries), "epsilon_total": eps, "delta_total": delta, "budget": self.budget}
 
     def _save(self) -> None:
+        """Write the ledger file atomically (a reader sees the old or the new ledger)."""
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"budget": self.budget, "entries": self.entries}, indent=2))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, {"budget": self.budget, "entries": self.entries}, indent=2)

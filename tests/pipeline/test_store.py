@@ -1,4 +1,4 @@
-"""Tests of the Zarr dataset store: round trips, laziness, append, errors, atomicity."""
+"""Tests of the Zarr dataset store: round trips, laziness, errors, atomicity, markers."""
 
 from __future__ import annotations
 
@@ -18,13 +18,10 @@ from kahm_dask.pipeline import store as st
 from kahm_dask.pipeline.store import (
     DatasetStore,
     StoreError,
-    append_rows,
     ingest,
     is_complete,
     mark_complete,
     open_dataset,
-    read_group_attrs,
-    write_array_atomic,
     write_dataset,
 )
 
@@ -76,7 +73,7 @@ def test_write_dataset_round_trip_and_attributes(stored) -> None:
     assert_roundtrip(ds, X, y)
     assert ds.chunk_rows == 16
     np.testing.assert_array_equal(ds.y(), np.searchsorted([3, 5, 7], y))
-    attrs = read_group_attrs(ds.path)["kahm_dask"]
+    attrs = zarr.open_group(ds.path, mode="r", zarr_format=3).attrs["kahm_dask"]
     assert attrs["format_version"] == 1
     assert attrs["classes"] == [3, 5, 7]
     assert attrs["class_counts"] == [int((y == c).sum()) for c in (3, 5, 7)]
@@ -214,53 +211,6 @@ def test_dask_ingest_larger_than_a_chunk_never_computes_whole(tmp_path: Path,
     np.testing.assert_array_equal(ds.y(), y)
 
 
-# ------------------------------------------------------------------------- append
-
-
-def test_append_rows_with_new_class(stored) -> None:
-    ds, X, y = stored
-    X_new, y_new = make_data(n=6, seed=2)
-    y_new[:2] = 1  # a new class, sorting before the existing ones
-    out = append_rows(ds.path, X_new, y_new)
-    assert out.classes == (3, 5, 7, 1)  # existing codes are kept
-    all_labels = np.concatenate([y, y_new])
-    np.testing.assert_array_equal(out.labels(), all_labels)
-    np.testing.assert_array_equal(out.X().compute(), np.vstack([X, X_new]))
-    assert out.n_samples == 56
-    assert out.class_counts[1] == 2
-    for code, value in enumerate(out.classes):
-        np.testing.assert_array_equal(out.class_rows(code),
-                                      np.flatnonzero(all_labels == value))
-
-
-def test_append_rows_validates_before_writing(stored) -> None:
-    ds, X, _ = stored
-    before = read_group_attrs(ds.path)
-    with pytest.raises(ValueError, match="X_new has 3 features but the store has 4"):
-        append_rows(ds.path, np.zeros((2, 3)), [3, 5])
-    with pytest.raises(TypeError, match="string labels but the store's classes are integers"):
-        append_rows(ds.path, np.zeros((2, 4)), ["a", "b"])
-    with pytest.raises(ValueError, match="row 1, column 0"):
-        append_rows(ds.path, np.array([[0.0] * 4, [np.nan] * 4]), [3, 5])
-    with pytest.raises(ValueError, match="y_new has 1 labels but X_new has 2 rows"):
-        append_rows(ds.path, np.zeros((2, 4)), [3])
-    assert read_group_attrs(ds.path) == before
-    np.testing.assert_array_equal(open_dataset(ds.path).X().compute(), X)
-
-
-def test_append_interrupted_before_attributes_is_detected(stored, monkeypatch) -> None:
-    ds, _, _ = stored
-
-    def crash(*args, **kwargs):
-        raise RuntimeError("simulated crash")
-
-    monkeypatch.setattr(st, "write_array_atomic", crash)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        append_rows(ds.path, np.zeros((2, 4)), [3, 5])
-    with pytest.raises(StoreError, match="inconsistent or corrupt"):
-        open_dataset(ds.path)
-
-
 # ------------------------------------------------------------------------- errors
 
 
@@ -383,13 +333,16 @@ def test_open_dataset_errors(tmp_path: Path) -> None:
 
 def test_corrupt_stores_raise_store_error(tmp_path: Path) -> None:
     X, y = make_data()
-    paths = [write_dataset(tmp_path / f"{i}.zarr", X, y).path for i in range(4)]
+    paths = [write_dataset(tmp_path / f"{i}.zarr", X, y).path for i in range(5)]
     shutil.rmtree(paths[0] / "y")
     edit = {1: {"n_samples": 49}, 2: {"format_version": 2}, 3: {"class_counts": [1, 2, 3]}}
     for i, change in edit.items():
         group = zarr.open_group(paths[i], mode="r+", zarr_format=3)
         group.attrs["kahm_dask"] = {**group.attrs["kahm_dask"], **change}
-    patterns = ["array 'y' is missing", "n_samples=49", "format_version 2", "class_counts"]
+    index = zarr.open_group(paths[4], mode="r+", zarr_format=3)["class_index"]
+    index.create_array("1", data=np.arange(3, dtype=np.int64), overwrite=True)
+    patterns = ["array 'y' is missing", "n_samples=49", "format_version 2", "class_counts",
+                r"class_index/1 has shape \(3,\) but class_counts says \d+ rows"]
     for path, pattern in zip(paths, patterns):
         with pytest.raises(StoreError, match=pattern):
             open_dataset(path)
@@ -419,6 +372,21 @@ def test_overwrite_keeps_old_store_if_new_write_fails(stored, monkeypatch) -> No
     assert leftovers(ds.path.parent) == []
 
 
+def test_path_created_while_writing_is_not_replaced(tmp_path: Path, monkeypatch) -> None:
+    real = st._write_labels
+
+    def someone_else_writes(*args, **kwargs):
+        (tmp_path / "d.zarr").mkdir()
+        (tmp_path / "d.zarr" / "theirs.txt").write_text("precious")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(st, "_write_labels", someone_else_writes)
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_dataset(tmp_path / "d.zarr", *make_data())
+    assert [p.name for p in (tmp_path / "d.zarr").iterdir()] == ["theirs.txt"]
+    assert leftovers(tmp_path) == []
+
+
 def test_overwrite_replaces_store(stored) -> None:
     ds, _, _ = stored
     X, y = make_data(n=10, p=2, seed=5)
@@ -427,38 +395,7 @@ def test_overwrite_replaces_store(stored) -> None:
     assert leftovers(ds.path.parent) == []
 
 
-# ---------------------------------------------------------------- generic helpers
-
-
-def test_write_array_atomic_creates_replaces_and_nests(stored) -> None:
-    ds, _, _ = stored
-    write_array_atomic(ds.path, "model/layer0", np.arange(6.0).reshape(2, 3),
-                       attrs={"kind": "weights"})
-    arr = write_array_atomic(ds.path, "model/layer0", np.arange(4), chunks=(2,))
-    group = zarr.open_group(ds.path, mode="r", zarr_format=3)
-    assert list(group["model"].array_keys()) == ["layer0"]
-    np.testing.assert_array_equal(group["model/layer0"][:], np.arange(4))
-    assert arr.chunks == (2,) and dict(arr.attrs) == {}
-    written = write_array_atomic(ds.path, "copy", ds.X(), chunks=(20, 4))
-    np.testing.assert_array_equal(written[:], ds.X().compute())
-    assert leftovers(ds.path) == [] and leftovers(ds.path / "model") == []
-    open_dataset(ds.path)  # extra members do not disturb the dataset
-
-
-def test_write_array_atomic_failure_keeps_old_array(stored, monkeypatch) -> None:
-    ds, _, _ = stored
-    write_array_atomic(ds.path, "a", np.arange(3))
-
-    def crash(*args, **kwargs):
-        raise RuntimeError("simulated crash")
-
-    monkeypatch.setattr(st, "_replace_path", crash)
-    with pytest.raises(RuntimeError):
-        write_array_atomic(ds.path, "a", np.arange(5))
-    np.testing.assert_array_equal(zarr.open_array(ds.path / "a", mode="r")[:], np.arange(3))
-    assert leftovers(ds.path) == []
-    with pytest.raises(FileNotFoundError, match="No Zarr group"):
-        write_array_atomic(ds.path / "nope", "a", np.arange(3))
+# ---------------------------------------------------------------- completion markers
 
 
 def test_completion_marker(tmp_path: Path) -> None:

@@ -6,19 +6,35 @@ interrupted or duplicated writer can leave — a partial temporary directory, a 
 directory without marker, a damaged marker, two writers of the same cluster at once — and
 check that no reader ever sees half a cluster and that a rerun repairs what is missing.
 The slow tests in ``test_interrupted_run.py`` do the same with real SIGKILLs.
+
+Every other file and directory is written with :mod:`kahm_dask._atomic`. Its helpers are
+tested first on their own, then through each writer that uses them: a write that fails
+half-way (a full disk) must leave the old file or directory intact and no temporary behind.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import shutil
 import threading
 import warnings
+from pathlib import Path
 
 import dask.array as da
 import numpy as np
 import pytest
 import zarr
 
+from kahm_dask import _atomic
+from kahm_dask._atomic import (
+    atomic_directory,
+    replace_directory,
+    sibling_path,
+    write_json_atomic,
+    write_text_atomic,
+)
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.pipeline.modelstore import (
     cached_cluster,
@@ -28,9 +44,11 @@ from kahm_dask.pipeline.modelstore import (
     save_cluster,
 )
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
-from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.pipeline.tasks import TrainParams
+from kahm_dask.pipeline.store import is_complete, mark_complete, open_dataset, write_dataset
+from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.privacy.ledger import PrivacyLedger
+from kahm_dask.report import write_privacy_statement, write_report
 
 RNG = np.random.default_rng(5)
 
@@ -49,6 +67,224 @@ def _quiet_zarr():
 
 def _same_model(a: DeepKAHM, b: DeepKAHM, Q: np.ndarray) -> bool:
     return np.array_equal(a.distance(Q), b.distance(Q))
+
+
+def _leftovers(directory: Path) -> list[str]:
+    """Temporary or moved-aside files and directories in ``directory``."""
+    return sorted(p.name for p in directory.iterdir() if ".tmp" in p.name or ".old-" in p.name)
+
+
+class _HalfWriter:
+    """A text file whose ``write`` stores half the text, then fails as on a full disk."""
+
+    def __init__(self, fh) -> None:
+        self._fh = fh
+
+    def __enter__(self) -> _HalfWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._fh.close()
+
+    def write(self, text: str) -> int:
+        self._fh.write(text[: len(text) // 2])
+        self._fh.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _fill_disk(monkeypatch) -> None:
+    """From now on, every file written by :mod:`kahm_dask._atomic` fails half-way."""
+
+    def half_open(path, mode="r", **kwargs):
+        fh = open(path, mode, **kwargs)
+        return _HalfWriter(fh) if "w" in mode else fh
+
+    monkeypatch.setattr(_atomic, "open", half_open, raising=False)
+
+
+@pytest.fixture
+def disk_full(monkeypatch) -> None:
+    _fill_disk(monkeypatch)
+
+
+# --------------------------------------------------------------------------- kahm_dask._atomic
+
+
+def test_sibling_path_is_a_hidden_unique_sibling(tmp_path):
+    a, b = sibling_path(tmp_path / "x.zarr", "tmp"), sibling_path(str(tmp_path / "x.zarr"), "tmp")
+    assert a.parent == tmp_path and a != b
+    assert a.name.startswith(".x.zarr.tmp-") and len(a.name) == len(".x.zarr.tmp-") + 32
+    assert sibling_path(tmp_path / "x", "old").name.startswith(".x.old-")
+
+
+def test_write_text_atomic_creates_parents_and_replaces(tmp_path):
+    path = tmp_path / "a" / "b" / "note.md"
+    assert write_text_atomic(path, "ε = 1\n") == path
+    assert path.read_bytes() == "ε = 1\n".encode()
+    write_text_atomic(str(path), "new")
+    assert path.read_text() == "new"
+    assert _leftovers(path.parent) == []
+
+
+def test_write_json_atomic_passes_dumps_options_and_fails_before_writing(tmp_path):
+    path = write_json_atomic(tmp_path / "d.json", {"b": 1, "a": [1, 2]}, indent=2, sort_keys=True)
+    assert path.read_text() == json.dumps({"a": [1, 2], "b": 1}, indent=2)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        write_json_atomic(path, {"x": object()})
+    assert json.loads(path.read_text()) == {"a": [1, 2], "b": 1}
+    assert _leftovers(tmp_path) == []
+
+
+def test_write_text_atomic_failure_mid_write_keeps_the_old_file(tmp_path, disk_full):
+    path = tmp_path / "note.txt"
+    path.write_text("old")
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomic(path, "new text")
+    assert path.read_text() == "old"
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomic(tmp_path / "fresh.txt", "new text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["note.txt"]
+
+
+def test_write_text_atomic_interrupted_before_the_rename(tmp_path, monkeypatch):
+    path = tmp_path / "note.txt"
+    path.write_text("old")
+
+    def interrupt(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_atomic.os, "fsync", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(path, "new")
+    assert path.read_text() == "old" and _leftovers(tmp_path) == []
+
+
+def _make_dir(path: Path, content: str) -> Path:
+    path.mkdir()
+    (path / "f.txt").write_text(content)
+    return path
+
+
+def test_replace_directory_into_a_free_and_an_occupied_place(tmp_path):
+    replace_directory(_make_dir(tmp_path / "new1", "one"), tmp_path / "target")
+    assert (tmp_path / "target" / "f.txt").read_text() == "one"
+    replace_directory(str(_make_dir(tmp_path / "new2", "two")), str(tmp_path / "target"))
+    assert (tmp_path / "target" / "f.txt").read_text() == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+
+
+def test_replace_directory_restores_the_old_target_if_the_move_fails(tmp_path, monkeypatch):
+    _make_dir(tmp_path / "target", "old")
+    new = _make_dir(tmp_path / "new", "new")
+    real = os.replace
+
+    def fails_for_new(src, dst):
+        if Path(src) == new:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(src, dst)
+
+    monkeypatch.setattr(_atomic.os, "replace", fails_for_new)
+    with pytest.raises(OSError, match="cross-device"):
+        replace_directory(new, tmp_path / "target")
+    assert (tmp_path / "target" / "f.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "target"]
+
+
+def test_atomic_directory_commits_on_success_and_cleans_up_on_error(tmp_path):
+    target = tmp_path / "sub" / "out"
+    with atomic_directory(target) as tmp:
+        assert tmp.parent == target.parent and not tmp.exists()
+        _make_dir(tmp, "first")
+    assert (target / "f.txt").read_text() == "first"
+    for error in (RuntimeError("failed"), KeyboardInterrupt()):
+        with pytest.raises(type(error)):
+            with atomic_directory(target) as tmp:
+                _make_dir(tmp, "second")
+                raise error
+        assert (target / "f.txt").read_text() == "first"
+        assert sorted(p.name for p in target.parent.iterdir()) == ["out"]
+
+
+# --------------------------------------------------------------------------- each writer
+
+
+def test_report_failure_mid_write_keeps_the_old_report(tmp_path, monkeypatch):
+    write_report(tmp_path, {"name": "a", "accuracy": 0.5}, plots=False)
+    statement = write_privacy_statement(tmp_path / "public", "# Privacy\n\nε = 1\n")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "report.json", tmp_path / "report.md", statement)}
+    assert json.loads(before["report.json"]) == {"name": "a", "accuracy": 0.5}
+    assert "ε = 1" in statement.read_text(encoding="utf-8")
+    _fill_disk(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        write_report(tmp_path, {"name": "b", "accuracy": 0.9}, plots=False)
+    with pytest.raises(OSError, match="No space left"):
+        write_privacy_statement(tmp_path / "public", "# Privacy\n\nε = 2\n")
+    after = {p.name: p.read_bytes() for p in (tmp_path / "report.json", tmp_path / "report.md", statement)}
+    assert after == before
+    assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "public") == []
+
+
+def test_ledger_failure_mid_write_keeps_the_old_ledger(tmp_path, monkeypatch):
+    path = tmp_path / "data" / "s.zarr.privacy-ledger.json"
+    PrivacyLedger(path, budget=(5.0, 0.0)).record(1.0, 0.0, release_id="a", what="rows")
+    before = path.read_bytes()
+    _fill_disk(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        PrivacyLedger(path).record(2.0, 0.0, release_id="b", what="rows")
+    assert path.read_bytes() == before
+    assert PrivacyLedger(path).spent() == (1.0, 0.0) and PrivacyLedger(path).budget == (5.0, 0.0)
+    assert _leftovers(path.parent) == []
+
+
+def test_train_seed_and_settings_failure_mid_write_keep_the_old_files(tmp_path, monkeypatch):
+    from kahm_dask.pipeline import train as train_mod
+
+    work, model = tmp_path / "w", tmp_path / "m.zarr"
+    work.mkdir()
+    seed = train_mod._kmeans_seed(None, work)
+    assert train_mod._kmeans_seed(None, work) == seed  # kept in the work store
+    train_mod._check_same_settings(model, work, {"seed": seed})
+    seed_file, settings_file = work / train_mod.SEED_FILE, work / "settings.json"
+    assert json.loads(settings_file.read_text()) == {"seed": seed}
+    seed_file.write_text("{")  # damaged: the next run draws and writes a new seed
+    _fill_disk(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        train_mod._kmeans_seed(None, work)
+    with pytest.raises(OSError, match="No space left"):
+        train_mod._check_same_settings(model, work, {"seed": seed + 1})
+    assert seed_file.read_text() == "{"
+    assert json.loads(settings_file.read_text()) == {"seed": seed}
+    assert _leftovers(work) == []
+
+
+def test_completion_marker_failure_mid_write_keeps_the_old_marker(tmp_path, monkeypatch):
+    mark_complete(tmp_path, {"noise_id": "a"})
+    _fill_disk(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        mark_complete(tmp_path, {"noise_id": "b"})
+    assert is_complete(tmp_path) == {"noise_id": "a"}
+    assert _leftovers(tmp_path) == []
+
+
+def test_dataset_store_failure_mid_write_keeps_the_old_store(tmp_path, monkeypatch):
+    X = RNG.random((30, 3))
+    y = np.arange(30) % 2
+    write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=10)
+    real = zarr.Group.create_array
+
+    def fails_on_class_index(self, name, *args, **kwargs):
+        if name == "1":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zarr.Group, "create_array", fails_on_class_index)
+    with pytest.raises(OSError, match="No space left"):
+        write_dataset(tmp_path / "s.zarr", X[:20] + 1, y[:20], overwrite=True)
+    with pytest.raises(OSError, match="No space left"):
+        write_dataset(tmp_path / "t.zarr", X, y)
+    store = open_dataset(tmp_path / "s.zarr")
+    np.testing.assert_array_equal(store.X().compute(), X)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
 
 
 def test_concurrent_writers_of_one_cluster_never_expose_a_partial_or_missing_cluster(tmp_path, model):
@@ -235,3 +471,4 @@ def test_failed_prediction_keeps_the_previous_predictions(tmp_path, small, monke
     assert "classes" in group.attrs  # a complete result, not a partial one
     np.testing.assert_array_equal(group[PREDICTIONS][:], before)
     assert np.isfinite(group[DISTANCES][:]).all()
+    assert _leftovers(tmp_path) == []  # the partial predictions were removed
