@@ -163,7 +163,7 @@ def run_dask(X, y, Xt, yt, args, n_workers: int) -> dict:
     from kahm_dask.pipeline.modelstore import load_cluster, read_manifest, cluster_dir
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
     from kahm_dask.pipeline.store import write_dataset
-    from kahm_dask.pipeline.tasks import TrainParams
+    from kahm_dask.recipe import TrainParams
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
     with tempfile.TemporaryDirectory(prefix="kahm-perf-") as tmp:

@@ -9,6 +9,8 @@ docs/algorithm.md#deep-kahm and docs/algorithm.md#wide-kahm.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
@@ -45,13 +47,21 @@ def _running_min(best_g, best_img, best_idx, g, img, idx) -> None:
     best_idx[better] = idx
 
 
-def _query_blocks(Yq: np.ndarray):
-    """Row blocks of at most EVAL_BLOCK_ROWS rows (cache/BLAS-sized, docs/performance.md)."""
-    return row_chunks(Yq.shape[0], EVAL_BLOCK_ROWS)
+def _query_blocks(n_rows: int, chunk_rows: int | None) -> Iterator[slice]:
+    """Row blocks of at most EVAL_BLOCK_ROWS rows (cache/BLAS-sized, docs/performance.md),
+    each inside one chunk of ``chunk_rows`` consecutive rows (None: one chunk of all rows)."""
+    for chunk in row_chunks(n_rows, max(n_rows, 1) if chunk_rows is None else chunk_rows):
+        for block in row_chunks(chunk.stop - chunk.start, EVAL_BLOCK_ROWS):
+            yield slice(chunk.start + block.start, chunk.start + block.stop)
 
 
 class _BatchEvaluator(TransformerMixin, BaseEstimator):
-    """Shared public evaluation API: chunked ``_evaluate_rows`` behind validation."""
+    """The one blocked evaluation of deep and wide KAHMs behind the public API.
+
+    A subclass implements ``_block_into(yq, best_g, best_img, best_idx)``: the running minimum
+    (:func:`_running_min`) over its candidate outputs (layers or branches) for one block of at
+    most EVAL_BLOCK_ROWS query rows, written into the given views.
+    """
 
     def _validate_queries(self, Yq) -> np.ndarray:
         check_is_fitted(self, "n_features_in_")
@@ -59,17 +69,31 @@ class _BatchEvaluator(TransformerMixin, BaseEstimator):
         check_n_features(Yq.shape[1], self.n_features_in_, type(self).__name__)
         return Yq
 
-    def _evaluate(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _evaluate_rows(
+        self, Yq: np.ndarray, *, keep_images: bool = True, chunk_rows: int | None = None
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """Outputs F(y) (m, p) — None unless ``keep_images`` —, distances ``Γ(y) = ‖y − F(y)‖``
+        (m,) and the selected layer/branch index (m,) of validated queries ``Yq`` (m, p).
+
+        Each block of :func:`_query_blocks` goes through ``_block_into`` while it is in cache;
+        memory beyond the outputs is one block's temporaries. Rows never reached by a finite
+        distance keep Γ = +∞, index 0 and NaN images.
+        """
         m = Yq.shape[0]
-        images, gamma = np.empty_like(Yq), np.empty(m)
-        index = np.empty(m, dtype=np.int64)
-        for rows in row_chunks(m, self.chunk_size):
-            images[rows], gamma[rows], index[rows] = self._evaluate_rows(Yq[rows])
+        gamma = np.full(m, np.inf)
+        index = np.zeros(m, dtype=np.int64)
+        images = np.full_like(Yq, np.nan) if keep_images else None
+        for rows in _query_blocks(m, chunk_rows):
+            self._block_into(Yq[rows], gamma[rows], None if images is None else images[rows], index[rows])
         return images, gamma, index
+
+    def _distance_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distances (m,) and selected index (m,) of validated queries, without images (cheaper)."""
+        return self._evaluate_rows(Yq, keep_images=False)[1:]
 
     def transform(self, Yq) -> np.ndarray:
         """Model outputs for the query rows ``Yq`` (m, p) → (m, p)."""
-        return self._evaluate(self._validate_queries(Yq))[0]
+        return self._evaluate_rows(self._validate_queries(Yq), chunk_rows=self.chunk_size)[0]
 
     def distance(self, Yq) -> np.ndarray:
         """Distances ``Γ(y) = ‖y − F(y)‖`` of the query rows → (m,) (images not kept)."""
@@ -77,7 +101,7 @@ class _BatchEvaluator(TransformerMixin, BaseEstimator):
 
     def transform_with_distance(self, Yq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Outputs (m, p), distances (m,) and the selected layer/branch index (m,)."""
-        return self._evaluate(self._validate_queries(Yq))
+        return self._evaluate_rows(self._validate_queries(Yq), chunk_rows=self.chunk_size)
 
 
 class DeepKAHM(_BatchEvaluator):
@@ -88,18 +112,44 @@ class DeepKAHM(_BatchEvaluator):
     model the same ``Y``, so one PCA serves them all, and layers whose capped dimension
     coincides share one fitted KAHM.
 
+    The output for a query y (p,) is the layer output nearest to it,
+    ``D(y) = M_{l̂}(y)`` with ``l̂ = argmin_l ‖y − M_l(y)‖`` (ties: the lowest layer), and its
+    distance is ``Γ_D(y) = min_l ‖y − M_l(y)‖`` (eq. 55; docs/algorithm.md#deep-kahm).
+
     Parameters
     ----------
     n_components : int, default=20
+        n: layer l asks for dimension ``max(n − l + 1, 1)``
+        (docs/algorithm.md#decision-layer-dimensions).
     n_layers : int, default=5
-    min_range : float or None, default=1e-3   (see :class:`KAHM`)
+        L.
+    min_range : float or None, default=1e-3
+        See :class:`~kahm_dask.KAHM`.
     chunk_size : int, default=1000
+        Query rows per evaluation chunk of ``transform`` (memory only).
 
     Attributes
     ----------
-    layers_ : list of fitted :class:`KAHM`, one per layer (possibly shared objects)
-    layer_dims_ : list of int, the effective dimension of each layer
-    n_features_in_ : int
+    layers_ : list of L fitted :class:`~kahm_dask.KAHM` (possibly shared objects)
+    layer_dims_ : list of L int, the effective dimension of each layer
+    n_features_in_ : int, p
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from kahm_dask import DeepKAHM
+    >>> Y = np.random.default_rng(0).normal(size=(100, 5))
+    >>> deep = DeepKAHM(n_components=3, n_layers=4).fit(Y)
+    >>> deep.layer_dims_
+    [3, 2, 1, 1]
+    >>> deep.layers_[2] is deep.layers_[3]  # equal dimensions share one KAHM
+    True
+    >>> Q = Y[:6] + 0.1
+    >>> images, gamma, layer = deep.transform_with_distance(Q)
+    >>> images.shape, gamma.shape, layer.shape
+    ((6, 5), (6,), (6,))
+    >>> bool(np.all(gamma <= deep.layers_[0].distance(Q)))  # layer 1 is a candidate
+    True
     """
 
     def __init__(
@@ -166,29 +216,11 @@ class DeepKAHM(_BatchEvaluator):
         model.n_features_in_ = int(meta["n_features_in"])
         return model
 
-    def _evaluate_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Nested layer outputs ``M_l`` (eq. 51), the nearest one and its layer index."""
-        m = Yq.shape[0]
-        best_g = np.full(m, np.inf)
-        best_img = np.full_like(Yq, np.nan)
-        best_l = np.zeros(m, dtype=np.int64)
-        for rows in _query_blocks(Yq):
-            self._block_into(Yq[rows], best_g[rows], best_img[rows], best_l[rows])
-        return best_img, best_g, best_l
-
-    def _distance_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``Γ_D`` (eq. 55) and the selected layer, without keeping the images (cheaper)."""
-        m = Yq.shape[0]
-        best_g = np.full(m, np.inf)
-        best_l = np.zeros(m, dtype=np.int64)
-        for rows in _query_blocks(Yq):
-            self._block_into(Yq[rows], best_g[rows], None, best_l[rows])
-        return best_g, best_l
-
     def _block_into(self, yq: np.ndarray, best_g, best_img, best_l) -> None:
-        """All L layers for one block of query rows (≤ EVAL_BLOCK_ROWS) while it is in cache.
+        """Nested layer outputs ``M_l`` (eq. 51) of one block of query rows (≤ EVAL_BLOCK_ROWS)
+        and the running minimum of ``‖y − M_l(y)‖`` over the layers (eq. 55), while it is in cache.
 
-        Updates the running minimum (``best_*`` views, in place; ``best_img`` may be None).
+        Updates the ``best_*`` views in place (``best_img`` may be None: distances only).
         Layer outputs alternate between two per-thread buffers: layer l reads layer l − 1's.
         """
         shape = yq.shape
@@ -207,9 +239,14 @@ class DeepKAHM(_BatchEvaluator):
 class WideKAHM(_BatchEvaluator):
     """Wide conditionally deep KAHM ``W_{Y,n,L,S}`` (Definitions 5–6, eqs. 57–64).
 
+    The rows Y (N, p) are split into S branches (docs/algorithm.md#kmeans-partition), one
+    :class:`DeepKAHM` ``D_s`` each; a query y gets the output of the branch nearest to it,
+    ``ŝ = argmin_s Γ_{D_s}(y)`` (ties: the lowest branch), and ``Γ_W(y) = min_s Γ_{D_s}(y)``
+    (eq. 64; docs/algorithm.md#wide-kahm).
+
     Parameters
     ----------
-    n_components, n_layers : int
+    n_components, n_layers : int, default=20, 5
         Passed to every branch's :class:`DeepKAHM`.
     block_size : int, default=1000
         N_b; the number of branches is ``S = max(1, round(N / N_b))`` (``s_rule="ceil"``
@@ -221,13 +258,37 @@ class WideKAHM(_BatchEvaluator):
     n_init : int, default=10
         k-means restarts.
     s_rule, min_range, chunk_size : see above and :class:`KAHM`.
-
     Attributes
     ----------
-    branches_ : list of fitted :class:`DeepKAHM`
+    branches_ : list of S fitted :class:`DeepKAHM`
     n_branches_ : int, S after the minimum-cluster-size rule
     branch_sizes_ : (S,) rows per branch
-    n_features_in_ : int
+    n_features_in_ : int, p
+
+    Examples
+    --------
+    Two well separated blobs of 100 rows and ``block_size=100``: S = round(200 / 100) = 2.
+
+    >>> import numpy as np
+    >>> from kahm_dask import DeepKAHM, WideKAHM
+    >>> rng = np.random.default_rng(0)
+    >>> Y = np.vstack([rng.normal(size=(100, 4)), rng.normal(size=(100, 4)) + 10.0])
+    >>> wide = WideKAHM(n_components=3, n_layers=2, block_size=100, random_state=0).fit(Y)
+    >>> wide.n_branches_, sorted(wide.branch_sizes_.tolist())
+    (2, [100, 100])
+    >>> gamma = wide.distance(Y[:3])
+    >>> per_branch = np.column_stack([branch.distance(Y[:3]) for branch in wide.branches_])
+    >>> bool(np.array_equal(gamma, per_branch.min(axis=1)))  # eq. 64
+    True
+
+    A given partition replaces the k-means; :meth:`assemble` takes branches fitted elsewhere:
+
+    >>> parts = np.repeat([0, 1], 100)
+    >>> WideKAHM(3, 2).fit(Y, partition=parts).transform_with_distance(Y[:3])[2].tolist()
+    [0, 0, 0]
+    >>> branches = [DeepKAHM(3, 2).fit(Y[parts == s]) for s in (0, 1)]
+    >>> WideKAHM(3, 2).assemble(branches, parts).branch_sizes_.tolist()
+    [100, 100]
     """
 
     def __init__(
@@ -284,51 +345,50 @@ class WideKAHM(_BatchEvaluator):
             check_positive_int(getattr(self, name), name)
         Y = as_data_matrix(Y, "Y")
         check_n_rows(Y.shape[0], 2, "Y")
+        labels, ids = self.branch_labels(Y, partition)
+        return self.assemble([self._deep()._fit_validated(Y[labels == s]) for s in ids], labels)
+
+    def branch_labels(self, Y: np.ndarray, partition=None) -> tuple[np.ndarray, np.ndarray]:
+        """Branch labels (N,) of validated ``Y`` (N, p) and their sorted distinct values (S,).
+
+        ``partition`` None: the k-means partition (:meth:`partition`); else the given (N,)
+        integer labels, checked (each branch needs ≥ 2 rows).
+        """
         if partition is None:
             labels = self.partition(Y)
-            ids = np.unique(labels)
-        else:
-            labels, ids = check_partition(partition, Y.shape[0])
-        self.branches_ = [self._deep()._fit_validated(Y[labels == s]) for s in ids]
+            return labels, np.unique(labels)
+        return check_partition(partition, Y.shape[0])
+
+    def assemble(self, branches: list[DeepKAHM], labels: np.ndarray) -> "WideKAHM":
+        """Set the fitted state from already-fitted branches and the partition they came from.
+
+        labels : (N,) branch labels of the training rows; ``branches[s]`` is the
+        :class:`DeepKAHM` fitted on the rows labelled with the s-th smallest label (what
+        :meth:`fit` does, and what a caller that builds each branch's rows itself, e.g. the
+        DP classifier with :class:`~kahm_dask.recipe.TrainParams`, hands over).
+        """
+        ids = np.unique(labels)
+        if len(branches) != len(ids):
+            raise ValueError(f"{len(branches)} branches for a partition into {len(ids)} parts.")
+        self.branches_ = list(branches)
         self.branch_sizes_ = np.array([np.count_nonzero(labels == s) for s in ids])
         self.n_branches_ = len(ids)
-        self.n_features_in_ = Y.shape[1]
+        self.n_features_in_ = self.branches_[0].n_features_in_
         return self
 
-    def _evaluate_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every branch's deep output; keep the nearest (eqs. 57–58)."""
-        m = Yq.shape[0]
-        best_g = np.full(m, np.inf)
-        best_img = np.full_like(Yq, np.nan)
-        best_s = np.zeros(m, dtype=np.int64)
-        for rows in _query_blocks(Yq):
-            yq = Yq[rows]
-            k = yq.shape[0]
-            # the branch's own running minimum over its layers, then the minimum over branches
-            g_b, l_b = np.empty(k), np.empty(k, dtype=np.int64)
-            img_b = np.empty_like(yq)
-            for s, branch in enumerate(self.branches_):
-                g_b.fill(np.inf)
-                img_b.fill(np.nan)
-                branch._block_into(yq, g_b, img_b, l_b)
-                _running_min(best_g[rows], best_img[rows], best_s[rows], g_b, img_b, s)
-        return best_img, best_g, best_s
+    def _block_into(self, yq: np.ndarray, best_g, best_img, best_s) -> None:
+        """Every branch's deep output for one block of query rows; keep the nearest
+        (eqs. 57–58, Γ_W of eq. 64).
 
-    def _distance_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``Γ_W`` (eq. 64) and the selected branch, without keeping the images (cheaper).
-
-        The minimum over branches of the minimum over layers is the minimum over all (branch,
-        layer) pairs, so one running minimum serves both; ties keep the lowest branch.
+        Each branch's running minimum over its layers, then the minimum over branches (ties keep
+        the lowest branch). Updates the ``best_*`` views in place (``best_img`` may be None).
         """
-        m = Yq.shape[0]
-        best_g = np.full(m, np.inf)
-        best_s = np.zeros(m, dtype=np.int64)
-        for rows in _query_blocks(Yq):
-            yq = Yq[rows]
-            k = yq.shape[0]
-            g_b, l_b = np.empty(k), np.empty(k, dtype=np.int64)
-            for s, branch in enumerate(self.branches_):
-                g_b.fill(np.inf)
-                branch._block_into(yq, g_b, None, l_b)
-                _running_min(best_g[rows], None, best_s[rows], g_b, None, s)
-        return best_g, best_s
+        k = yq.shape[0]
+        g_b, l_b = np.empty(k), np.empty(k, dtype=np.int64)
+        img_b = None if best_img is None else np.empty_like(yq)
+        for s, branch in enumerate(self.branches_):
+            g_b.fill(np.inf)
+            if img_b is not None:
+                img_b.fill(np.nan)
+            branch._block_into(yq, g_b, img_b, l_b)
+            _running_min(best_g, best_img, best_s, g_b, img_b, s)

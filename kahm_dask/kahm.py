@@ -217,6 +217,29 @@ class KAHM(TransformerMixin, BaseEstimator):
         (docs/algorithm.md#batched-evaluation)
     training_error_ : float, r = Σ_i ‖y^i − A(y^i)‖ (eq. 101) on the training rows
     n_samples_fit_, n_features_in_ : int
+
+    Examples
+    --------
+    Fit to N = 100 samples of p = 5 features; queries give images (m, p) on the samples'
+    affine hull and distances Γ (m,) (eq. 48):
+
+    >>> import numpy as np
+    >>> from kahm_dask import KAHM
+    >>> rng = np.random.default_rng(0)
+    >>> Y = rng.normal(size=(100, 5))
+    >>> kahm = KAHM(n_components=3).fit(Y)
+    >>> kahm.n_components_, kahm.components_.shape, kahm.beta_.shape
+    (3, (3, 5), (100, 6))
+    >>> Q = rng.normal(size=(4, 5))
+    >>> images, gamma = kahm.transform_with_distance(Q)
+    >>> images.shape, gamma.shape
+    ((4, 5), (4,))
+    >>> bool(np.allclose(gamma, np.linalg.norm(Q - images, axis=1)))
+    True
+    >>> bool(np.isclose(kahm.training_error_, kahm.distance(Y).sum()))  # r of eq. 101
+    True
+    >>> bool(np.all(kahm.distance(Q + 50.0) > kahm.distance(Q)))  # far from the samples
+    True
     """
 
     def __init__(

@@ -28,7 +28,12 @@ from sklearn.cluster import kmeans_plusplus
 from sklearn.metrics import pairwise_distances_argmin_min
 
 from kahm_dask._random import child_seed_sequence
-from kahm_dask.partition import cap_cluster_rows, default_min_cluster_size, n_branches
+from kahm_dask.partition import (
+    cap_cluster_rows,
+    default_min_cluster_size,
+    n_branches,
+    partition_with_min_size,
+)
 
 __all__ = ["scalable_kmeans_init", "partition_class", "partition_classes"]
 
@@ -126,29 +131,24 @@ def partition_class(
 ) -> np.ndarray:
     """Cluster the rows of one class (a dask array (N_c, p)) → (N_c,) int64 labels.
 
-    k-means|| initial centres (:func:`scalable_kmeans_init`), then dask-ml's Lloyd iterations
-    (``dask_ml.cluster.KMeans(init=centres)``); S ← S − 1 until every cluster has at least
-    ``min_cluster_size`` rows (docs/algorithm.md#kmeans-partition). Attempt ``a`` uses the seed
-    ``child(seed, a)``. Returns all zeros when S = 1.
+    The clustering step: k-means|| initial centres (:func:`scalable_kmeans_init`), then dask-ml's
+    Lloyd iterations (``dask_ml.cluster.KMeans(init=centres)``), inside the core's
+    minimum-cluster-size rule (:func:`~kahm_dask.partition.partition_with_min_size`: S ← S − 1
+    until every cluster has at least ``min_cluster_size`` rows, attempt ``a`` seeded by
+    ``child(seed, a)``, all zeros when S = 1; docs/algorithm.md#kmeans-partition).
     """
-    N = Xc.shape[0]
-    S, attempt = min(int(n_clusters), N), 0
-    while S > 1:
-        attempt_seed = child_seed_sequence(seed, attempt)
+
+    def step(S: int, attempt_seed: np.random.SeedSequence) -> np.ndarray:
         centres = scalable_kmeans_init(
             Xc, S, attempt_seed, oversampling_factor=oversampling_factor or 2 * S, rounds=init_max_iter
         )
         km = KMeans(n_clusters=S, init=centres, max_iter=max_iter, n_init=1)
         km.fit(Xc)
-        labels = np.asarray(km.labels_.compute() if hasattr(km.labels_, "compute") else km.labels_, dtype=np.int64)
-        sizes = np.bincount(labels, minlength=S)
-        if sizes.min() >= min_cluster_size:
-            log.info("k-means: %d rows into %d clusters (attempt %d)", N, S, attempt + 1)
-            return labels
-        log.info("k-means: a cluster of %d rows < %d; retrying with S = %d", sizes.min(), min_cluster_size, S - 1)
-        S -= 1
-        attempt += 1
-    return np.zeros(N, dtype=np.int64)
+        return km.labels_.compute() if hasattr(km.labels_, "compute") else km.labels_
+
+    return partition_with_min_size(
+        Xc.shape[0], n_clusters, step, min_cluster_size=min_cluster_size, seed=seed, logger=log
+    )
 
 
 def partition_classes(

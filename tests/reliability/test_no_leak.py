@@ -29,13 +29,15 @@ import zarr
 
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
+from kahm_dask import recipe as recipe_mod
 from kahm_dask.pipeline import tasks as tasks_mod
 from kahm_dask.pipeline import train as train_mod
 from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.pipeline.tasks import GROUPED_X, TrainParams
+from kahm_dask.pipeline.tasks import GROUPED_X
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.recipe import TrainParams
 
 from .conftest import RowScanner, assert_same_fingerprint, run_fingerprint
 
@@ -160,7 +162,7 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
     zeros after the noise step changes nothing in the model store."""
     store, X = blobs
     reads, partition_inputs, r_inputs = [], [], []
-    real_read, real_partition, real_fab = tasks_mod._read_slice, train_mod.partition_classes, tasks_mod.fabricate_subset
+    real_read, real_partition, real_fab = tasks_mod._read_slice, train_mod.partition_classes, recipe_mod.fabricate_subset
 
     def spy_read(work_path, name, start, stop):
         reads.append(name)
@@ -176,7 +178,7 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
 
     monkeypatch.setattr(tasks_mod, "_read_slice", spy_read)
     monkeypatch.setattr(train_mod, "partition_classes", spy_partition)
-    monkeypatch.setattr(tasks_mod, "fabricate_subset", spy_fab)
+    monkeypatch.setattr(recipe_mod, "fabricate_subset", spy_fab)
     # the same noise for both trainings (test-only seed), so that they can be compared
     with pytest.warns(PrivacyLeakWarning, match="fixed seed"):
         model = _train(store, tmp_path, "a", r_source, r_value, "noisy", insecure_noise_seed=5)
