@@ -23,29 +23,30 @@ import weakref
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from kahm_dask._batching import row_chunks
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import (
+    as_data_matrix,
     check_label_types,
     check_n_components,
-    check_positive_float,
-    check_positive_int,
-    check_probability,
 )
 from kahm_dask.deep import WideKAHM
 from kahm_dask.kahm import EVAL_BLOCK_ROWS
+from kahm_dask.params import PARAMS, check_r_value, parameter_constraints
 from kahm_dask.partition import check_partition
 from kahm_dask.privacy.bounds import resolve_bounds
-from kahm_dask.privacy.fabrication import _check_fabrication_options, fabricate_partitioned
+from kahm_dask.privacy.fabrication import fabricate_partitioned
 from kahm_dask.privacy.randomness import as_noise_source
 from kahm_dask.privacy.statement import plan_release
+from kahm_dask.recipe import TrainParams
 
 __all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "PARTITION_STREAM", "MODEL_STREAM"]
 
-DP_DATA = ("fabricated", "noisy")
+DP_DATA = PARAMS["dp_data"].choices
 PARTITION_STREAM, MODEL_STREAM = 1, 2
 
 #: How many recent ``class_distances`` results each fitted classifier keeps (0 disables), so
@@ -165,6 +166,14 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     []
     """
 
+    #: The rule of every parameter, from kahm_dask/params.py (``r_value`` is also checked
+    #: against ``r_source``).
+    _parameter_constraints: dict = parameter_constraints(
+        "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d",
+        "dp_data", "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range",
+        "chunk_size", "n_init", "ledger", "insecure_noise_seed",
+    )
+
     def __init__(
         self,
         n_components: int = 20,
@@ -210,14 +219,11 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
     def _check_params(self) -> None:
-        for name in ("n_components", "n_layers", "block_size", "chunk_size", "max_passes", "n_init"):
-            check_positive_int(getattr(self, name), name)
-        if self.epsilon is not None:
-            check_positive_float(self.epsilon, "epsilon")
-            check_probability(self.delta, "delta", allow_zero=True)
-            if self.dp_data not in DP_DATA:
-                raise ValueError(f"dp_data must be one of {DP_DATA}, got {self.dp_data!r}.")
-            _check_fabrication_options(self.r_source, self.r_value, self.cluster_on)
+        """Raise scikit-learn's ``InvalidParameterError`` (a ValueError and a TypeError) naming
+        the first parameter that breaks its rule."""
+        name = type(self).__name__
+        validate_parameter_constraints(self._parameter_constraints, self.get_params(deep=False), name)
+        check_r_value(self.r_source, self.r_value, name)
 
     def _wide(self, seed: np.random.SeedSequence) -> WideKAHM:
         return WideKAHM(
@@ -255,29 +261,23 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         root = as_seed_sequence(self.random_state)
         private = self.epsilon is not None
         X_noisy = self._release(X) if private else None
+        recipe = self._recipe()
         models, dp_rows, passes = [], {}, {}
         for c, label in enumerate(self.classes_):
             rows = y_idx == c
-            part = None if labels is None else labels[rows]
-            data = X[rows] if not private else X_noisy[rows]
-            if private and self.dp_data == "fabricated":
-                data, _, passes[label] = fabricate_partitioned(
-                    X[rows],
-                    data,
-                    self.n_components,
-                    r_source=self.r_source,
-                    r_value=self.r_value,
-                    cluster_on=self.cluster_on,
-                    block_size=self.block_size,
-                    s_rule=self.s_rule,
-                    partition=part,
-                    random_state=child_seed_sequence(root, PARTITION_STREAM, c),
-                    max_passes=self.max_passes,
-                    min_range=self.min_range,
-                )
+            model, dp, n_passes = self._fit_class(
+                recipe,
+                X[rows],
+                None if X_noisy is None else X_noisy[rows],
+                None if labels is None else labels[rows],
+                child_seed_sequence(root, PARTITION_STREAM, c),
+                self._wide(child_seed_sequence(root, MODEL_STREAM, c)),
+            )
+            models.append(model)
             if private:
-                dp_rows[label] = data
-            models.append(self._wide(child_seed_sequence(root, MODEL_STREAM, c)).fit(data, partition=part))
+                dp_rows[label] = dp
+            if recipe.fabricates:
+                passes[label] = n_passes
         with _distance_cache_lock:
             _distance_cache.pop(self, None)
         self.models_ = models
@@ -287,6 +287,70 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             if self.dp_data == "fabricated":
                 self.fabrication_passes_ = passes
         return self
+
+    def _recipe(self) -> TrainParams:
+        return TrainParams(
+            self.n_components,
+            self.n_layers,
+            self.min_range,
+            self.epsilon,
+            self.dp_data,
+            self.r_source,
+            self.r_value,
+            self.max_passes,
+        )
+
+    def _fit_class(
+        self,
+        recipe: TrainParams,
+        X_c: np.ndarray,
+        X_noisy_c: np.ndarray | None,
+        part: np.ndarray | None,
+        partition_seed: np.random.SeedSequence,
+        wide: WideKAHM,
+    ) -> tuple[WideKAHM, np.ndarray | None, list[int | None] | None]:
+        """The model of one class from its rows X_c (N_c, p) and noisy rows X⁺_c (N_c, p) or None.
+
+        Returns the fitted ``wide``, the (N_c, p) DP rows it was built on (None when not
+        private) and the M̃ of each fabricated subset (None unless fabricated). Every branch is
+        one application of the per-cluster recipe (:meth:`TrainParams.fit_cluster
+        <kahm_dask.recipe.TrainParams.fit_cluster>`) to the branch's rows, like a task of the
+        Dask pipeline. Only fabrication without a given ``part`` differs: its Remark 4 subsets
+        come from a k-means of their own (``partition_seed``) and the branches from a k-means
+        of the fabricated rows (docs/algorithm.md#pipeline).
+        """
+        if part is None and recipe.fabricates:
+            fabricated, _, n_passes = fabricate_partitioned(
+                X_c,
+                X_noisy_c,
+                self.n_components,
+                r_source=self.r_source,
+                r_value=self.r_value,
+                cluster_on=self.cluster_on,
+                block_size=self.block_size,
+                s_rule=self.s_rule,
+                random_state=partition_seed,
+                max_passes=self.max_passes,
+                min_range=self.min_range,
+            )
+            return wide.fit(fabricated), fabricated, n_passes
+        data = as_data_matrix(X_c if X_noisy_c is None else X_noisy_c, "X")
+        branch, ids = wide.branch_labels(data, part)
+        fits = [
+            recipe.fit_cluster(
+                data[branch == s],
+                X_c[branch == s] if recipe.reads_private_rows else None,
+                chunk_size=self.chunk_size,
+            )
+            for s in ids
+        ]
+        model = wide.assemble([fit.model for fit in fits], branch)
+        if not recipe.private:
+            return model, None, None
+        dp = np.empty_like(data)
+        for s, fit in zip(ids, fits):
+            dp[branch == s] = fit.dp_rows
+        return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
 
     def _release(self, X: np.ndarray) -> np.ndarray:
         """The DP release of X (clip, exact discrete noise), recorded in the ledger; sets

@@ -2,47 +2,93 @@
 
 ``S = max(1, round_half_up(N / N_b))`` (or ``ceil``); k-means++ with 10 restarts and a
 seeded stream per run; while a cluster has fewer than ``min_cluster_size`` rows, S ← S − 1
-and re-cluster, down to S = 1. The Dask pipeline applies the same rules with dask-ml.
+and re-cluster, down to S = 1 (:func:`partition_with_min_size`, written once for any clustering
+step). The Dask pipeline applies the same rules with its k-means|| and dask-ml step.
 Decisions: docs/algorithm.md#decision-s-rule, docs/algorithm.md#decision-min-cluster-size.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 
 import numpy as np
 from sklearn.cluster import KMeans
 
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
-from kahm_dask._validation import check_positive_int
+from kahm_dask.params import PARAMS, check_params
 
 __all__ = [
     "n_branches",
     "default_min_cluster_size",
+    "ClusteringStep",
+    "partition_with_min_size",
     "kmeans_partition",
     "check_partition",
     "cap_cluster_rows",
 ]
 
-S_RULES = ("round", "ceil")
+S_RULES = PARAMS["s_rule"].choices
 
 
 def n_branches(n_samples: int, block_size: int = 1000, rule: str = "round") -> int:
     """Number of branches S for N samples and block size N_b (eq. 61,
     docs/algorithm.md#decision-s-rule)."""
-    check_positive_int(block_size, "block_size")
+    check_params({"block_size": block_size, "s_rule": rule}, "n_branches")
     if rule == "round":
         S = math.floor(n_samples / block_size + 0.5)
-    elif rule == "ceil":
-        S = math.ceil(n_samples / block_size)
     else:
-        raise ValueError(f"s_rule must be one of {S_RULES}, got {rule!r}.")
+        S = math.ceil(n_samples / block_size)
     return max(1, int(S))
 
 
 def default_min_cluster_size(n_components: int) -> int:
     """``max(30, n + 2)`` (docs/algorithm.md#decision-min-cluster-size)."""
     return max(30, n_components + 2)
+
+
+#: One clustering attempt: ``step(S, seed)`` → (N,) integer labels in ``0..S−1`` of the rows
+#: being partitioned, for S ≥ 2 clusters and the attempt's seed stream.
+ClusteringStep = Callable[[int, np.random.SeedSequence], np.ndarray]
+
+
+def partition_with_min_size(
+    n_rows: int,
+    n_clusters: int,
+    step: ClusteringStep,
+    *,
+    min_cluster_size: int,
+    seed: np.random.SeedSequence,
+    logger: logging.Logger | None = None,
+) -> np.ndarray:
+    """The minimum-cluster-size rule of docs/algorithm.md#kmeans-partition around any
+    clustering ``step``.
+
+    Starts at ``S = min(n_clusters, n_rows)``; attempt ``a = 0, 1, …`` calls
+    ``step(S − a, child(seed, a))`` and is accepted when every one of its ``S − a`` clusters has
+    at least ``min_cluster_size`` rows; otherwise S ← S − 1. So at most S − 1 calls; when S
+    reaches 1 (or starts there) the result is all zeros and ``step`` is not called
+    (docs/algorithm.md#decision-min-cluster-size). ``logger``, if given, gets one INFO line per
+    attempt.
+
+    Returns (n_rows,) int64 labels in ``0..S−1``.
+    """
+    S, attempt = min(int(n_clusters), n_rows), 0
+    while S > 1:
+        labels = np.asarray(step(S, child_seed_sequence(seed, attempt)), dtype=np.int64)
+        sizes = np.bincount(labels, minlength=S)
+        if sizes.min() >= min_cluster_size:
+            if logger is not None:
+                logger.info("k-means: %d rows into %d clusters (attempt %d)", n_rows, S, attempt + 1)
+            return labels
+        if logger is not None:
+            logger.info(
+                "k-means: a cluster of %d rows < %d; retrying with S = %d", sizes.min(), min_cluster_size, S - 1
+            )
+        S -= 1
+        attempt += 1
+    return np.zeros(n_rows, dtype=np.int64)
 
 
 def kmeans_partition(
@@ -58,23 +104,20 @@ def kmeans_partition(
     """Cluster the rows of ``Y`` (N, p) into at most ``n_clusters`` parts
     (docs/algorithm.md#kmeans-partition).
 
-    Attempt ``a`` (S = n_clusters − a) uses the k-means seed stream ``child(seed, a)``.
+    scikit-learn's k-means++ ``KMeans`` inside :func:`partition_with_min_size`: attempt ``a``
+    (S = n_clusters − a) seeds its k-means with the first word of ``child(seed, a)``.
     Returns (N,) int64 labels in ``0..S−1``; every part has at least ``min_cluster_size``
     rows unless S = 1.
     """
-    N = Y.shape[0]
-    seed = as_seed_sequence(random_state)
-    S = min(int(n_clusters), N)
-    attempt = 0
-    while S > 1:
-        rs = int(child_seed_sequence(seed, attempt).generate_state(1)[0])
+
+    def step(S: int, attempt_seed: np.random.SeedSequence) -> np.ndarray:
+        rs = int(attempt_seed.generate_state(1)[0])
         km = KMeans(S, init="k-means++", n_init=n_init, max_iter=max_iter, tol=tol, random_state=rs)
-        labels = km.fit_predict(Y).astype(np.int64)
-        if np.bincount(labels, minlength=S).min() >= min_cluster_size:
-            return labels
-        S -= 1
-        attempt += 1
-    return np.zeros(N, dtype=np.int64)
+        return km.fit_predict(Y)
+
+    return partition_with_min_size(
+        Y.shape[0], n_clusters, step, min_cluster_size=min_cluster_size, seed=as_seed_sequence(random_state)
+    )
 
 
 def check_partition(partition, n_samples: int, min_rows: int = 2) -> tuple[np.ndarray, np.ndarray]:

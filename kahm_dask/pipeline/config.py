@@ -10,7 +10,9 @@ when the dataclasses are built directly in Python):
 * types are exact: booleans must be booleans, integers must not be booleans, floats
   accept integers; a wrong type is named with the expected type;
 * invalid values (``privacy.epsilon <= 0``, ``data.test_size`` outside (0, 1), an unknown
-  ``data.scale``, ...) are named with the allowed range.
+  ``data.scale``, ...) are named with the allowed range. The ranges and choices of the model
+  and privacy parameters, and the rule tying ``privacy.r_value`` to ``privacy.r_source``, are
+  those of :mod:`kahm_dask.params` (shared with the estimator and the CLI).
 
 YAML is read with PyYAML's safe loader, changed in two ways: numbers follow YAML 1.2, so
 ``1e-5`` is a float (YAML 1.1 reads it as a string) and ``1:30`` is a string (not the
@@ -34,12 +36,15 @@ import re
 import types
 import typing
 from collections.abc import Hashable, Mapping
+from numbers import Real
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
 from dask.utils import parse_bytes
+
+from kahm_dask.params import PARAMS, Range, RuleError, check_r_value
 
 __all__ = [
     "ConfigError",
@@ -60,10 +65,11 @@ SKLEARN_PREFIX = "sklearn:"
 
 Scale = Literal["minmax", "none", "tanh255"]
 Dtype = Literal["float32", "float64"]
-SRule = Literal["round", "ceil"]
-DpData = Literal["fabricated", "noisy"]
-RSource = Literal["passes", "threshold", "private"]
-ClusterOn = Literal["noisy", "original"]
+# the choices of the model and privacy parameters (kahm_dask/params.py)
+SRule = Literal[PARAMS["s_rule"].choices]
+DpData = Literal[PARAMS["dp_data"].choices]
+RSource = Literal[PARAMS["r_source"].choices]
+ClusterOn = Literal[PARAMS["cluster_on"].choices]
 
 
 class ConfigError(ValueError):
@@ -204,20 +210,25 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
 # --------------------------------------------------------------------------- value checks
 
 
-def bound(*, gt: float | None = None, ge: float | None = None, lt: float | None = None) -> dict:
-    """Field metadata: a non-null value must be ``> gt``, ``>= ge`` and ``< lt`` (if given)."""
-    limits = [(gt, ">"), (ge, ">="), (lt, "<")]
-    if gt is not None and lt is not None:
-        reason = f"must be in ({gt}, {lt})"
-    else:
-        reason = "must be " + " and ".join(f"{op} {lim}" for lim, op in limits if lim is not None)
+def within(values: Range) -> dict:
+    """Field metadata: a non-null value must lie in ``values``."""
+    reason = f"must be {values.bounds_text()}"
 
     def check(value: Any, key: str) -> None:
-        ok = (gt is None or value > gt) and (ge is None or value >= ge) and (lt is None or value < lt)
-        if not ok:
+        if value not in values:
             raise invalid_value(key, reason, value)
 
     return {"check": check}
+
+
+def bound(*, gt: float | None = None, ge: float | None = None, lt: float | None = None) -> dict:
+    """Field metadata: a non-null value must be ``> gt`` (or ``>= ge``) and ``< lt`` (if given)."""
+    return within(Range(Real, gt if ge is None else ge, lt, closed="neither" if ge is None else "left"))
+
+
+def rule(name: str) -> dict:
+    """Field metadata: the range of the model/privacy parameter ``name`` (kahm_dask/params.py)."""
+    return within(PARAMS[name].range)
 
 
 def _check_memory(value: str, key: str) -> None:
@@ -431,11 +442,11 @@ class ModelConfig(Section):
     """``model``: the DeepKAHM of each cluster and the partition into clusters."""
 
     _key: ClassVar[str] = "model"
-    n_components: int = field(default=20, metadata=bound(ge=1))
-    n_layers: int = field(default=5, metadata=bound(ge=1))
-    block_size: int = field(default=1000, metadata=bound(ge=1))
+    n_components: int = field(default=20, metadata=rule("n_components"))
+    n_layers: int = field(default=5, metadata=rule("n_layers"))
+    block_size: int = field(default=1000, metadata=rule("block_size"))
     s_rule: SRule = "round"
-    min_cluster_size: int | None = field(default=None, metadata=bound(ge=1))
+    min_cluster_size: int | None = field(default=None, metadata=rule("min_cluster_size"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,38 +465,30 @@ class PrivacyConfig(Section):
     """
 
     _key: ClassVar[str] = "privacy"
-    epsilon: float | None = field(default=None, metadata=bound(gt=0))
-    delta: float = field(default=0.0, metadata=bound(ge=0, lt=1))
-    d: float | None = field(default=None, metadata=bound(gt=0))
+    epsilon: float | None = field(default=None, metadata=rule("epsilon"))
+    delta: float = field(default=0.0, metadata=rule("delta"))
+    d: float | None = field(default=None, metadata=rule("d"))
     dp_data: DpData = "fabricated"
     r_source: RSource = "passes"
-    r_value: int | float | None = None
+    r_value: int | float | None = field(default=None, metadata=rule("r_value"))
     cluster_on: ClusterOn = "noisy"
-    max_passes: int = field(default=100, metadata=bound(ge=1))
+    max_passes: int = field(default=100, metadata=rule("max_passes"))
     budget: list | None = field(default=None, metadata={"check": lambda v, k: _check_budget(v, k)})
 
     def _validate(self) -> None:
-        key, r = "privacy.r_value", self.r_value
-        if self.r_source == "private":
-            if r is not None:
-                raise invalid_value(
-                    key, "r_source 'private' computes r itself; remove r_value or set "
-                    "r_source to 'threshold' or 'passes'", r,
-                )
-        elif self.r_source == "threshold":
-            if r is None:
-                raise invalid_value(key, "r_source 'threshold' needs a float >= 0", r)
-            bound(ge=0)["check"](r, key)
-            object.__setattr__(self, "r_value", float(r))
-        elif r is not None:
-            if isinstance(r, float):
-                raise invalid_value(key, "r_source 'passes' needs an int >= 1 (or null)", r)
-            bound(ge=1)["check"](r, key)
+        try:
+            r_value = check_r_value(self.r_source, self.r_value, "the privacy section")
+        except RuleError as exc:
+            raise invalid_value(f"privacy.{exc.name}", exc.reason, exc.value) from None
+        object.__setattr__(self, "r_value", r_value)
 
 
 def _check_budget(value: list, key: str) -> None:
-    if not (len(value) == 2 and all(_number(v) for v in value) and value[0] > 0 and 0 <= value[1] < 1):
-        raise invalid_value(key, "expected [epsilon, delta] with epsilon > 0 and delta in [0, 1)", value)
+    """``[epsilon, delta]`` within the ranges of ``privacy.epsilon`` and ``privacy.delta``."""
+    epsilon, delta = PARAMS["epsilon"].range, PARAMS["delta"].range
+    if not (len(value) == 2 and all(_number(v) for v in value) and value[0] in epsilon and value[1] in delta):
+        reason = f"expected [epsilon, delta] with epsilon {epsilon.bounds_text()} and delta {delta.bounds_text()}"
+        raise invalid_value(key, reason, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -557,7 +560,7 @@ class PipelineConfig(Section):
     the sections."""
 
     name: str
-    seed: int | None = field(default=None, metadata=bound(ge=0))
+    seed: int | None = field(default=None, metadata=rule("random_state"))
     output: Path
     data: DataConfig
     model: ModelConfig = field(default_factory=ModelConfig)

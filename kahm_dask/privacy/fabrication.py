@@ -22,6 +22,7 @@ import numpy as np
 
 from kahm_dask._validation import as_data_matrix, check_n_rows, check_positive_int
 from kahm_dask.kahm import KAHM
+from kahm_dask.params import PARAMS, check_params
 from kahm_dask.partition import (
     check_partition,
     default_min_cluster_size,
@@ -42,8 +43,8 @@ __all__ = [
     "DEFAULT_PASSES",
 ]
 
-R_SOURCES = ("passes", "threshold", "private")
-CLUSTER_ON = ("noisy", "original")
+R_SOURCES = PARAMS["r_source"].choices
+CLUSTER_ON = PARAMS["cluster_on"].choices
 #: Smoother passes M̃ of ``r_source="passes"`` when ``r_value`` is None (chosen by accuracy,
 #: docs/privacy.md "Choosing the defaults").
 DEFAULT_PASSES = 8
@@ -222,12 +223,5 @@ def fabricate_subset(
     return fabricate(Y_noisy_s, n_components, r, max_passes=max_passes, min_range=min_range)
 
 
-def _check_fabrication_options(r_source: str, r_value, cluster_on: str) -> None:
-    if r_source not in R_SOURCES:
-        raise ValueError(f"r_source must be one of {R_SOURCES}, got {r_source!r}.")
-    if cluster_on not in CLUSTER_ON:
-        raise ValueError(f"cluster_on must be one of {CLUSTER_ON}, got {cluster_on!r}.")
-    if r_source == "threshold" and (r_value is None or not np.isfinite(r_value) or r_value < 0):
-        raise ValueError("r_source='threshold' needs r_value, a public per-row error >= 0.")
-    if r_source == "passes" and r_value is not None:
-        check_positive_int(r_value, "r_value (number of passes)")
+def _check_fabrication_options(r_source: str, r_value: float | int | None, cluster_on: str) -> None:
+    check_params({"r_source": r_source, "r_value": r_value, "cluster_on": cluster_on}, "fabricate_partitioned")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from sklearn.utils.estimator_checks import parametrize_with_checks
+from sklearn.utils.estimator_checks import check_param_validation, parametrize_with_checks
 
 from kahm_dask import KAHM, DeepKAHM, KAHMClassifier, WideKAHM
 
@@ -49,3 +49,9 @@ def test_sklearn_compatible(estimator, check, request):
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     check(estimator)
 
+
+def test_parameter_constraints():
+    """scikit-learn's own check of ``_parameter_constraints`` (kept out of
+    ``parametrize_with_checks``): they name exactly the estimator's parameters, and ``fit``
+    rejects a value of a wrong type, and one out of range, of each with scikit-learn's message."""
+    check_param_validation("KAHMClassifier", KAHMClassifier(n_components=3, n_layers=1, random_state=0))

@@ -1,0 +1,227 @@
+"""The rules of the model and privacy parameters, each declared once.
+
+:data:`PARAMS` gives every parameter its rule: the values it accepts, as a tuple of
+scikit-learn constraints (``sklearn.utils._param_validation``; a value is valid when it
+satisfies one of them), and a one-line meaning. :data:`R_VALUE_RULES` is the one cross-field
+rule: what ``r_value`` must be for each ``r_source`` (:func:`check_r_value`).
+
+Everything that takes these parameters reads them from here: ``KAHMClassifier``
+(``_parameter_constraints``), the fabrication and S-rule functions (:func:`check_params`), the
+pipeline YAML schema (:mod:`kahm_dask.pipeline.config`: ranges and choices) and the options of
+``kahm-dask train`` (click types).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from sklearn.utils._param_validation import (
+    HasMethods,
+    Interval,
+    InvalidParameterError,
+    StrOptions,
+    validate_parameter_constraints,
+)
+
+__all__ = [
+    "Range",
+    "Choices",
+    "Param",
+    "PARAMS",
+    "RValueRule",
+    "R_VALUE_RULES",
+    "RuleError",
+    "parameter_constraints",
+    "check_params",
+    "check_r_value",
+]
+
+
+class Range(Interval):
+    """scikit-learn's ``Interval`` without booleans (``True`` is not the number 1 here), worded
+    ``an int >= 1``, ``a float >= 0 and < 1``, ``a finite float > 0``."""
+
+    def is_satisfied_by(self, val: Any) -> bool:
+        return not isinstance(val, bool) and super().is_satisfied_by(val)
+
+    def bounds_text(self) -> str:
+        """``>= 1``, ``> 0``, ``>= 0 and < 1``; ``in (0, 1)`` when both ends are open."""
+        if self.closed == "neither" and self.left is not None and self.right is not None:
+            return f"in ({self.left}, {self.right})"
+        left = ">=" if self.closed in ("left", "both") else ">"
+        right = "<=" if self.closed in ("right", "both") else "<"
+        ends = ((left, self.left), (right, self.right))
+        return " and ".join(f"{op} {end}" for op, end in ends if end is not None)
+
+    def __str__(self) -> str:
+        kind = "an int" if self.type is Integral else "a float" if self.right is not None else "a finite float"
+        return f"{kind} {self.bounds_text()}"
+
+
+class Choices(StrOptions):
+    """scikit-learn's ``StrOptions`` in the declared order (for messages, the CLI's choices and
+    the YAML schema's literals)."""
+
+    def __init__(self, *choices: str) -> None:
+        super().__init__(set(choices))
+        self.choices = choices
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(map(repr, self.choices))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: ``rule``, the constraints of which a valid value satisfies one, and
+    ``meaning``."""
+
+    rule: tuple[Any, ...]
+    meaning: str
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The allowed strings of a choice parameter; () for the others."""
+        return next((c.choices for c in self.rule if isinstance(c, Choices)), ())
+
+    @property
+    def range(self) -> Range | None:
+        """The allowed numbers of a number parameter; None for the others."""
+        return next((c for c in self.rule if isinstance(c, Range)), None)
+
+
+def _at_least(low: int) -> Range:
+    return Range(Integral, low, None, closed="left")
+
+
+PARAMS: dict[str, Param] = {
+    "n_components": Param((_at_least(1),), "subspace dimension n of every KAHM (docs/algorithm.md#kahm-guards)"),
+    "n_layers": Param((_at_least(1),), "layers L of each deep KAHM (docs/algorithm.md#layer-dimensions)"),
+    "block_size": Param((_at_least(1),), "N_b: a class of N_c rows gets about N_c / N_b branches (docs/algorithm.md#s-rule)"),
+    "s_rule": Param((Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)"),
+    "chunk_size": Param((_at_least(1),), "rows per block when a KAHM is evaluated (docs/algorithm.md#batched-evaluation)"),
+    "n_init": Param((_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)"),
+    "min_cluster_size": Param(
+        (None, _at_least(1)),
+        "smallest k-means part; None: max(30, n + 2) (docs/algorithm.md#decision-min-cluster-size)",
+    ),
+    "min_range": Param(
+        (None, Range(Real, 0, None, closed="left")),
+        "code range below which a KAHM direction is dropped; None or 0: no such rule (docs/algorithm.md#kahm-guards)",
+    ),
+    "random_state": Param(
+        (None, Range(Integral, 0, None, closed="left"), np.random.SeedSequence, np.random.Generator),
+        "seeds the k-means steps only, never the DP noise (docs/algorithm.md#seed-streams)",
+    ),
+    "epsilon": Param(
+        (None, Range(Real, 0, None, closed="neither")),
+        "ε of the element-level DP release; None: the non-private model (docs/algorithm.md#adjacency)",
+    ),
+    "delta": Param(
+        (Range(Real, 0, 1, closed="left"),),
+        "δ: probability that an entry is released without noise; 0: pure ε-DP (docs/algorithm.md#decision-delta-zero)",
+    ),
+    "d": Param(
+        (None, Range(Real, 0, None, closed="neither"), "array-like"),
+        "adjacency bound, the largest change of one entry covered (per feature or one for all); "
+        "None: the bound width (docs/algorithm.md#adjacency)",
+    ),
+    "bounds": Param(
+        (None, "array-like"),
+        "public (lower, upper) feature bounds the rows are clipped to; None: the data's min/max, "
+        "which leaks (docs/algorithm.md#decision-public-bounds)",
+    ),
+    "dp_data": Param(
+        (Choices("fabricated", "noisy"),),
+        "rows the DP class models are fitted to: fabricated from the noisy rows, or the noisy rows "
+        "(docs/algorithm.md#dp-classifier)",
+    ),
+    "r_source": Param(
+        (Choices("passes", "threshold", "private"),),
+        "stopping rule of the fabrication; 'private' (r from the private rows) leaks "
+        "(docs/algorithm.md#stopping-rule)",
+    ),
+    "r_value": Param(
+        (None, Range(Real, 0, None, closed="left")),
+        "the stopping rule's number; what it must be depends on r_source (R_VALUE_RULES)",
+    ),
+    "cluster_on": Param(
+        (Choices("noisy", "original"),),
+        "rows the fabrication's k-means partition runs on; 'original' (the private rows) leaks "
+        "(docs/algorithm.md#big-data-fabrication)",
+    ),
+    "max_passes": Param((_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)"),
+    "ledger": Param(
+        (None, HasMethods(["check", "record"])),
+        "privacy ledger: records each release and refuses one beyond its budget",
+    ),
+    "insecure_noise_seed": Param(
+        (None, Range(Integral, 0, None, closed="left")),
+        "tests only: draws the noise from this seed, which voids the DP guarantee",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RValueRule:
+    """What ``r_value`` must be for one ``r_source``: in ``values`` (None: absent), or absent
+    when ``optional``; ``meaning`` completes the error message."""
+
+    values: Range | None
+    optional: bool
+    meaning: str
+
+    def reason(self, r_source: str) -> str:
+        if self.values is None:
+            others = " or ".join(repr(s) for s, r in R_VALUE_RULES.items() if r.values is not None)
+            return f"r_source {r_source!r} {self.meaning}; remove r_value or set r_source to {others}"
+        absent = " or no r_value (the default)" if self.optional else ""
+        return f"r_source {r_source!r} needs {self.values} ({self.meaning}){absent}"
+
+
+#: ``r_value`` by ``r_source`` (docs/algorithm.md#stopping-rule).
+R_VALUE_RULES: dict[str, RValueRule] = {
+    "passes": RValueRule(_at_least(1), True, "the number of smoother passes"),
+    "threshold": RValueRule(Range(Real, 0, None, closed="left"), False, "the public modelling error per row"),
+    "private": RValueRule(None, False, "computes r itself from the private rows"),
+}
+
+
+class RuleError(InvalidParameterError):
+    """A parameter breaks a cross-field rule; ``name``, ``value`` and ``reason`` say how."""
+
+    def __init__(self, name: str, value: Any, reason: str, caller: str) -> None:
+        self.name, self.value, self.reason = name, value, reason
+        super().__init__(f"The {name!r} parameter of {caller} is invalid: {reason}. Got {value!r} instead.")
+
+
+def parameter_constraints(*names: str) -> dict[str, list[Any]]:
+    """The rules of ``names`` in the form of scikit-learn's ``_parameter_constraints``."""
+    return {name: list(PARAMS[name].rule) for name in names}
+
+
+def check_r_value(r_source: str, r_value: Any, caller: str) -> int | float | None:
+    """``r_value`` as a valid ``r_source`` needs it (an int number of passes, a float threshold,
+    or None), or raise :class:`RuleError`."""
+    rule = R_VALUE_RULES[r_source]
+    if r_value is None:
+        valid = rule.values is None or rule.optional
+    else:
+        valid = rule.values is not None and rule.values.is_satisfied_by(r_value)
+    if not valid:
+        raise RuleError("r_value", r_value, rule.reason(r_source), caller)
+    if r_value is None:
+        return None
+    return int(r_value) if rule.values.type is Integral else float(r_value)
+
+
+def check_params(params: Mapping[str, Any], caller: str) -> None:
+    """Check ``params`` (names of :data:`PARAMS`) against their rules, then ``r_value`` against
+    ``r_source`` if both are given; raises scikit-learn's ``InvalidParameterError`` (a
+    ``ValueError`` and a ``TypeError``) naming ``caller``."""
+    validate_parameter_constraints(parameter_constraints(*params), dict(params), caller)
+    if "r_source" in params and "r_value" in params:
+        check_r_value(params["r_source"], params["r_value"], caller)
