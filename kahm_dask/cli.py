@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from numbers import Integral
 from pathlib import Path
 
 import click
+
+from kahm_dask.params import PARAMS
+from kahm_dask.privacy.fabrication import DEFAULT_PASSES
 
 __all__ = ["main"]
 
@@ -26,6 +30,19 @@ def _cluster_options(f):
     f = click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A cluster_configs/*.yaml file.")(f)
     f = click.option("--scheduler", help="Address of a running Dask scheduler, e.g. tcp://127.0.0.1:8786.")(f)
     return f
+
+
+def _param_type(name: str) -> click.ParamType:
+    """The click type of the model/privacy parameter ``name``: its choices or its range
+    (kahm_dask/params.py). The rule tying r_value to r_source is checked by the config."""
+    param = PARAMS[name]
+    if param.choices:
+        return click.Choice(param.choices)
+    values = param.range
+    return (click.IntRange if values.type is Integral else click.FloatRange)(
+        min=values.left, max=values.right,
+        min_open=values.closed in ("right", "neither"), max_open=values.closed in ("left", "neither"),
+    )
 
 
 def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit):
@@ -77,19 +94,32 @@ def _fail(exc: BaseException, *, resumable: bool = False) -> None:
     raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}")
 
 
+_VERBOSE_HELP = "Log progress details and Dask's INFO lines (scheduler, nannies, workers)."
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Log warnings to the console; with ``verbose`` also INFO lines: kahm-dask's progress
+    details and Dask's (its scheduler and nannies in this process, its local workers).
+
+    Dask's level goes to its config ``logging.distributed``, which distributed applies to its
+    loggers when it is imported (later, in a command) and local clusters started afterwards
+    apply to their workers; a distributed imported already gets it directly.
+    """
+    import dask
+
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    dask.config.set({"logging.distributed": logging.getLevelName(level).lower()})
+    for name in ("kahm_dask", "distributed", "dask_ml"):
+        logging.getLogger(name).setLevel(level)
+
+
 @click.group()
-@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 @click.version_option(package_name="kahm-dask")
 def main(verbose: bool) -> None:
     """Differentially private classification with Kernel Affine Hull Machines on Dask."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("kahm_dask").setLevel(logging.INFO)
-    if not verbose:
-        for name in ("distributed", "dask_ml"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    _configure_logging(verbose)
 
 
 @main.command()
@@ -118,25 +148,26 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--work", type=click.Path(path_type=Path), help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
-@click.option("--n-components", type=int, default=20, show_default=True)
-@click.option("--n-layers", type=int, default=5, show_default=True)
-@click.option("--block-size", type=int, default=1000, show_default=True)
-@click.option("--epsilon", type=float, help="Privacy-loss bound ε per entry; omit for a non-private model.")
-@click.option("--delta", type=float, default=0.0, show_default=True, help="δ in [0, 1); 0 is pure ε-DP.")
+@click.option("--n-components", type=_param_type("n_components"), default=20, show_default=True)
+@click.option("--n-layers", type=_param_type("n_layers"), default=5, show_default=True)
+@click.option("--block-size", type=_param_type("block_size"), default=1000, show_default=True)
+@click.option("--epsilon", type=_param_type("epsilon"), help="Privacy-loss bound ε per entry; omit for a non-private model.")
+@click.option("--delta", type=_param_type("delta"), default=0.0, show_default=True, help="δ; 0 is pure ε-DP.")
 @click.option("--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
               help="Public bounds of every feature of STORE, known without looking at the data; entries are "
                    "clipped to them before noise. Default: the store's public feature range, else each "
                    "feature's min/max (private: warns, and the privacy statement says so).")
-@click.option("--d", "d", type=float, default=None, help="Adjacency bound (largest change of one entry covered). Default: the bound width.")
-@click.option("--dp-data", type=click.Choice(["fabricated", "noisy"]), default="fabricated", show_default=True)
-@click.option("--r-source", type=click.Choice(["passes", "threshold", "private"]), default="passes", show_default=True,
+@click.option("--d", "d", type=_param_type("d"), default=None, help="Adjacency bound (largest change of one entry covered). Default: the bound width.")
+@click.option("--dp-data", type=_param_type("dp_data"), default="fabricated", show_default=True)
+@click.option("--r-source", type=_param_type("r_source"), default="passes", show_default=True,
               help="Stopping rule of the fabrication; 'private' (the paper's r from the private rows) leaks.")
-@click.option("--r-value", type=float, help="Number of passes (passes; default 4) or per-row threshold (threshold).")
-@click.option("--cluster-on", type=click.Choice(["noisy", "original"]), default="noisy", show_default=True,
+@click.option("--r-value", type=_param_type("r_value"),
+              help=f"Number of passes (passes; default {DEFAULT_PASSES}) or per-row threshold (threshold).")
+@click.option("--cluster-on", type=_param_type("cluster_on"), default="noisy", show_default=True,
               help="Rows the k-means partition runs on; 'original' (the private rows) leaks.")
 @click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
               help="Privacy budget of STORE's ledger: refuse a release that would take the total beyond it.")
-@click.option("--seed", type=int, default=None, help="Seed of the k-means steps (not secret: the noise never depends on it). Default: drawn once and kept in the work directory.")
+@click.option("--seed", type=_param_type("random_state"), default=None, help="Seed of the k-means steps (not secret: the noise never depends on it). Default: drawn once and kept in the work directory.")
 @_cluster_options
 def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data,
           r_source, r_value, cluster_on, budget, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
@@ -148,20 +179,16 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.store import open_dataset
-    from kahm_dask.pipeline.tasks import TrainParams
+    from kahm_dask.recipe import TrainParams
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
     try:
-        if r_source == "passes" and r_value is not None:
-            if not float(r_value).is_integer():
-                raise click.BadParameter(
-                    f"--r-source passes needs a whole number of passes, got {r_value}.",
-                    param_hint="--r-value")
-            r_value = int(r_value)
+        if r_value is not None and r_value.is_integer():
+            r_value = int(r_value)  # a whole number on the command line: also a number of passes
         # validate every argument before a cluster starts or a file is written
         ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
-        PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
-                      r_value=r_value, cluster_on=cluster_on, budget=None if budget is None else list(budget))
+        privacy = PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
+                                r_value=r_value, cluster_on=cluster_on, budget=None if budget is None else list(budget))
         ds = open_dataset(store)
         check_class_sizes(ds.class_counts)
         if bounds is not None:
@@ -173,7 +200,7 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
                        f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
                        "dimensions (docs/algorithm.md#kahm-guards).", err=True)
         params = TrainParams(n_components, n_layers, epsilon=epsilon, dp_data=dp_data,
-                             r_source=r_source, r_value=r_value)
+                             r_source=r_source, r_value=privacy.r_value)
         settings = TrainSettings(params, seed=seed, delta=delta, d=d, bounds=bounds, block_size=block_size,
                                  cluster_on=cluster_on, budget=budget)
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
@@ -248,7 +275,8 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 @click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
               help="Privacy budget of the training data's ledger (overrides privacy.budget).")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: bool) -> None:
+@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
+def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: bool, verbose: bool) -> None:
     """Run PIPELINE.yaml end to end: ingest → partition → train → predict → evaluate.
 
     A file with a top-level `federation:` section runs the federated pipeline (one model per
@@ -257,6 +285,8 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: 
     everything computed on private rows to <output>/owner/ (report.json, report.md, plots,
     predictions, data and work stores), which stays with the data owner.
     """
+    if verbose:  # raise the group's level (`kahm-dask -v run` raised it already)
+        _configure_logging(True)
     from kahm_dask.pipeline.config import load_config, load_yaml
     from kahm_dask.pipeline.federated import (
         connect_federated,

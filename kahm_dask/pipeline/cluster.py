@@ -6,7 +6,10 @@
 1. ``scheduler`` — connect to a running scheduler by address;
 2. ``config`` — build the cluster a ``cluster_configs/*.yaml`` file describes
    (:func:`load_cluster_config`, :func:`build_cluster`);
-3. otherwise a ``LocalCluster(n_workers, threads_per_worker, memory_limit, processes)``.
+3. otherwise a ``LocalCluster(n_workers, threads_per_worker, memory_limit, processes)``
+   (:func:`local_cluster`; optionally with resources per worker).
+
+:func:`compute` runs a dask collection on the client, each task retried up to twice.
 
 **One BLAS thread per Dask thread.** Several BLAS threads inside each Dask thread oversubscribe
 the cores (measured on a 2-core machine: per-cluster tasks twice as slow, ``eigh(1000)`` 6-9 s
@@ -24,6 +27,11 @@ environment overrides it. So:
   registered after disconnecting (one BLAS thread per Dask thread is Dask's own default);
 * a threaded LocalCluster (``processes: false``) runs in the client's process, so
   :func:`connect` limits BLAS there for as long as the client is open, then restores it.
+
+**Logs.** The scheduler and nannies of a local cluster run in the client's process and log
+through its ``distributed`` loggers; its workers log at Dask's configured level
+``logging.distributed`` (the ``silence_logs`` of the cluster; default WARNING, as
+``LocalCluster``'s).
 """
 
 from __future__ import annotations
@@ -32,14 +40,15 @@ import importlib
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar, Literal
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, Worker
+from distributed import progress as dask_progress
 from distributed.deploy import Cluster
 from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import threadpool_limits
@@ -68,8 +77,10 @@ __all__ = [
     "KubernetesSpec",
     "ClusterSpec",
     "load_cluster_config",
+    "local_cluster",
     "build_cluster",
     "connect",
+    "compute",
 ]
 
 logger = logging.getLogger(__name__)
@@ -250,15 +261,48 @@ def _import_extra(module: str, extra: str, kind: str) -> ModuleType:
         ) from exc
 
 
-def _local_cluster(spec: LocalSpec) -> LocalCluster:
+def _worker_log_level() -> int:
+    """The level the workers of a local cluster log at: Dask's ``logging.distributed``
+    (a level name or number), WARNING if unset."""
+    level = dask.config.get("logging.distributed", "warning")
+    return level if isinstance(level, int) else logging.getLevelNamesMapping()[level.upper()]
+
+
+def local_cluster(
+    spec: LocalSpec, worker_resources: Sequence[Mapping[str, float]] | None = None
+) -> Cluster:
+    """Start the local cluster ``spec`` describes (the caller closes it): one BLAS thread per
+    Dask thread, workers logging at :func:`_worker_log_level` (module docstring).
+
+    A ``LocalCluster``; with ``worker_resources`` (one mapping per worker) a cluster of the
+    same workers on 127.0.0.1 whose worker ``w`` advertises the resources
+    ``worker_resources[w]``.
+    """
+    silence_logs = _worker_log_level()
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **BLAS_ENV}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
-        return LocalCluster(
-            n_workers=spec.n_workers,
-            threads_per_worker=spec.threads_per_worker,
-            memory_limit=spec.memory_limit,
-            processes=spec.processes,
-        )
+        if worker_resources is None:
+            return LocalCluster(
+                n_workers=spec.n_workers,
+                threads_per_worker=spec.threads_per_worker,
+                memory_limit=spec.memory_limit,
+                processes=spec.processes,
+                silence_logs=silence_logs,
+            )
+        if len(worker_resources) != spec.n_workers:
+            raise ValueError(
+                f"got resources for {len(worker_resources)} workers; the cluster has "
+                f"{spec.n_workers}."
+            )
+        options = {"nthreads": spec.threads_per_worker, "memory_limit": spec.memory_limit,
+                   "silence_logs": silence_logs}
+        workers = {
+            f"worker{w}": {"cls": Nanny if spec.processes else Worker,
+                           "options": {**options, "resources": dict(resources)}}
+            for w, resources in enumerate(worker_resources)
+        }
+        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": ":0"}}
+        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs)
 
 
 def _ssh_cluster(spec: SSHSpec) -> Cluster:
@@ -301,7 +345,7 @@ def _kubernetes_cluster(spec: KubernetesSpec) -> Cluster:
 
 
 _BUILDERS = {
-    LocalSpec: _local_cluster,
+    LocalSpec: local_cluster,
     SSHSpec: _ssh_cluster,
     SlurmSpec: _slurm_cluster,
     KubernetesSpec: _kubernetes_cluster,
@@ -352,15 +396,26 @@ def _client_for_address(address: str, timeout: float) -> Client:
 
 
 @contextmanager
-def connect(cluster_cfg: ClusterConfig, *, timeout: float = DEFAULT_TIMEOUT) -> Iterator[Client]:
+def connect(
+    cluster_cfg: ClusterConfig,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    worker_resources: Sequence[Mapping[str, float]] | None = None,
+) -> Iterator[Client]:
     """A client on the cluster ``cluster_cfg`` selects; everything is closed on exit.
 
     Priority: ``scheduler`` address (``timeout`` seconds to answer, else
     :class:`ClusterConnectionError` naming the address), then the ``config`` file, then a
-    LocalCluster. Clusters started here are closed on exit, also after an exception; a
-    remote scheduler only loses this client. The dashboard link is logged at INFO and is
-    ``client.dashboard_link``. BLAS runs one thread per Dask thread (module docstring).
+    LocalCluster (:func:`local_cluster`, whose worker ``w`` advertises
+    ``worker_resources[w]`` if given; with a scheduler or a config file the workers advertise
+    their own resources, and ``worker_resources`` is an error). Clusters started here are
+    closed on exit, also after an exception; a remote scheduler only loses this client. The
+    dashboard link is logged at INFO and is ``client.dashboard_link``. BLAS runs one thread
+    per Dask thread (module docstring).
     """
+    if worker_resources is not None and (cluster_cfg.scheduler or cluster_cfg.config):
+        raise ValueError("worker_resources apply to a local cluster started from "
+                         "n_workers; this cluster config names a scheduler or a config file.")
     spec = _spec_for(cluster_cfg)
     in_process = isinstance(spec, LocalSpec) and not spec.processes
     with ExitStack() as stack:
@@ -369,9 +424,24 @@ def connect(cluster_cfg: ClusterConfig, *, timeout: float = DEFAULT_TIMEOUT) -> 
         else:
             if in_process:
                 stack.enter_context(_blas_limited_here())
-            cluster = stack.enter_context(build_cluster(spec))
+            cluster = stack.enter_context(
+                local_cluster(spec, worker_resources) if isinstance(spec, LocalSpec)
+                else build_cluster(spec)
+            )
             client = stack.enter_context(Client(cluster))
         if not in_process:
             client.register_plugin(SingleThreadedBLAS())
         logger.info("Dask dashboard: %s", client.dashboard_link)
         yield client
+
+
+def compute(job: Any, client: Client | None, *, progress: bool = False) -> Any:
+    """Compute the dask collection ``job`` on ``client`` (every task retried up to twice, a
+    progress bar if ``progress``) and return its result; without a client, on Dask's default
+    scheduler."""
+    if client is None:
+        return dask.compute(job)[0]
+    futures = client.compute(job, retries=2)
+    if progress:
+        dask_progress(futures, notebook=False)
+    return client.gather(futures)

@@ -22,7 +22,7 @@ is split at the release boundary as a central run's is (:class:`~kahm_dask.pipel
 **Site boundary.** With ``federation.pin_sites: true`` every task of site q (training, its
 answers, its membership evaluation) carries the worker resource ``site{q}``
 (``dask.annotate``), so it runs only on workers that advertise it; :func:`connect_federated`
-starts such a local cluster (:func:`site_cluster`: worker ``q mod n_workers`` holds site q).
+starts such a local cluster (:func:`site_resources`: worker ``q mod n_workers`` holds site q).
 The pooled input and the split into site stores stand for data that, in a real federation,
 never exist in one place: with pinning they are prepared in the client process (local threads),
 so no site's worker holds another site's rows. What crosses a site's boundary: its answers to
@@ -44,6 +44,14 @@ store; the global decision is a lazy blockwise :func:`kahm_dask.federated.combin
 answer stores. No per-class distance leaves a site or reaches the client. Each site answers
 in its own graph because ``class_distance_array`` names its layers ``kahm-dist-c{c}-s{s}``
 whatever the model store: two sites' layers in one graph would share keys.
+
+Everything a central run does too (connecting, computing, the folder layout, the accuracy and
+membership metrics, the privacy statements, the report's metrics) is the central run's code
+(:mod:`kahm_dask.pipeline.cluster`, :mod:`kahm_dask.pipeline.run`); this module adds the
+split, the per-site training, the combination of the sites' answers and the site-local
+membership evaluation. Its files (``sites.json``, the answer stores, ``predictions.zarr``,
+``membership.json``, the report) are written atomically: a reader sees the old file or the
+new one.
 """
 
 from __future__ import annotations
@@ -51,9 +59,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -62,21 +69,21 @@ import dask
 import dask.array as da
 import numpy as np
 import zarr
-from distributed import Client, Nanny, Scheduler, SpecCluster, Worker
-from threadpoolctl import threadpool_limits
+from distributed import Client
+from distributed.deploy import Cluster
 
+from kahm_dask._atomic import atomic_directory, write_json_atomic, write_text_atomic
 from kahm_dask.federated import (
     FederatedDecision,
     SiteAnswer,
     combine,
     label_heterogeneity,
-    membership_fields,
     membership_summary,
     site_noise_seed,
     site_seed,
     split_sites,
 )
-from kahm_dask.pipeline.cluster import BLAS_ENV, SingleThreadedBLAS, connect
+from kahm_dask.pipeline.cluster import LocalSpec, compute, connect, local_cluster
 from kahm_dask.pipeline.config import (
     PipelineConfig,
     Section,
@@ -88,21 +95,27 @@ from kahm_dask.pipeline.config import (
 from kahm_dask.pipeline.data import OWNER, prepare_stores
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.run import RunPaths, run_paths, settings_fields, settings_from_config
+from kahm_dask.pipeline.run import (
+    RunPaths,
+    Stopwatch,
+    accuracy,
+    member_rows,
+    membership_metrics,
+    report_metrics,
+    run_paths,
+    settings_from_config,
+    write_statement,
+)
 from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
-from kahm_dask.privacy.membership import (
-    membership_attack_from_distances,
-    membership_inference_from_distances,
-    training_row_subset,
-)
-from kahm_dask.report import write_privacy_statement, write_report
+from kahm_dask.report import write_report
 
 __all__ = [
     "FederationConfig",
     "FederatedPipelineConfig",
     "load_federated_config",
     "site_resource",
+    "site_resources",
     "site_cluster",
     "connect_federated",
     "check_site_resources",
@@ -185,6 +198,12 @@ def site_resource(q: int) -> str:
     return f"site{q}"
 
 
+def site_resources(n_workers: int, n_sites: int) -> list[dict[str, int]]:
+    """The resources of the workers of a local site cluster: worker ``w`` advertises
+    ``site{q}: 1`` for every q ≡ w (mod n_workers)."""
+    return [{site_resource(q): 1 for q in range(w, n_sites, n_workers)} for w in range(n_workers)]
+
+
 def site_cluster(
     n_workers: int,
     n_sites: int,
@@ -192,52 +211,28 @@ def site_cluster(
     threads_per_worker: int = 1,
     memory_limit: str = "auto",
     processes: bool = True,
-) -> SpecCluster:
-    """A local cluster whose worker ``w`` advertises ``site{q}: 1`` for every q ≡ w (mod
-    n_workers); one BLAS thread per Dask thread as in :mod:`kahm_dask.pipeline.cluster`."""
-    worker_cls = Nanny if processes else Worker
-    workers = {
-        f"worker{w}": {
-            "cls": worker_cls,
-            "options": {
-                "nthreads": threads_per_worker,
-                "memory_limit": memory_limit,
-                "resources": {site_resource(q): 1 for q in range(w, n_sites, n_workers)},
-            },
-        }
-        for w in range(n_workers)
-    }
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": ":0"}}
-    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **BLAS_ENV}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
-        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING)
+) -> Cluster:
+    """A local cluster (:func:`~kahm_dask.pipeline.cluster.local_cluster`) whose workers hold
+    the sites as :func:`site_resources` says (the caller closes it)."""
+    spec = LocalSpec(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                     memory_limit=memory_limit, processes=processes)
+    return local_cluster(spec, site_resources(n_workers, n_sites))
 
 
 @contextmanager
 def connect_federated(cfg: FederatedPipelineConfig) -> Iterator[Client]:
-    """A client for a federated run; everything is closed on exit.
+    """A client for a federated run (:func:`~kahm_dask.pipeline.cluster.connect`); everything
+    is closed on exit.
 
-    With ``federation.pin_sites`` and no ``cluster.scheduler``/``cluster.config``, a
-    :func:`site_cluster` of ``cluster.n_workers`` workers; otherwise
-    :func:`~kahm_dask.pipeline.cluster.connect` (whose workers must then advertise the site
-    resources themselves, e.g. ``dask worker ADDR --resources site0=1``).
+    With ``federation.pin_sites`` and no ``cluster.scheduler``/``cluster.config``, the local
+    cluster's workers advertise the site resources (:func:`site_resources`); the workers of a
+    scheduler or a cluster config file must advertise them themselves (e.g.
+    ``dask worker ADDR --resources site0=1``).
     """
     c, fed = cfg.cluster, cfg.federation
-    if not fed.pin_sites or c.scheduler is not None or c.config is not None:
-        with connect(c) as client:
-            yield client
-        return
-    with ExitStack() as stack:
-        if not c.processes:
-            stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-        cluster = stack.enter_context(
-            site_cluster(c.n_workers, fed.sites, threads_per_worker=c.threads_per_worker,
-                         memory_limit=c.memory_limit, processes=c.processes)
-        )
-        client = stack.enter_context(Client(cluster))
-        if c.processes:
-            client.register_plugin(SingleThreadedBLAS())
-        log.info("Dask dashboard: %s", client.dashboard_link)
+    local = fed.pin_sites and c.scheduler is None and c.config is None
+    resources = site_resources(c.n_workers, fed.sites) if local else None
+    with connect(c, worker_resources=resources) as client:
         yield client
 
 
@@ -320,8 +315,7 @@ def write_site_stores(
             f"{record_path.parent.parent} holds site stores of a different split; use a new "
             "output directory (or delete it) to run this federation."
         )
-    record_path.parent.mkdir(parents=True, exist_ok=True)
-    record_path.write_text(json.dumps(record))
+    write_json_atomic(record_path, record)
     fr = train.attrs.get("feature_range")
     feature_range = None if not fr else (fr["min"], fr["max"])
     X, labels = train.X(), train.labels()
@@ -383,21 +377,20 @@ def site_answer_arrays(
                                                       meta=np.empty((0,), np.int64))
 
 
-def _compute(job: Any, client: Client | None) -> Any:
-    if client is None:
-        return dask.compute(job)[0]
-    return client.gather(client.compute(job, retries=2))
-
-
-def _store_arrays(arrays: dict[str, da.Array], path: Path, client: Client | None) -> zarr.Group:
-    """Write (m,) dask arrays into a new Zarr group at ``path`` (one task per row chunk)."""
-    group = zarr.open_group(str(path), mode="w", zarr_format=3)
-    targets = [
-        group.create_array(name, shape=a.shape, dtype=a.dtype, chunks=(a.chunks[0][0],))
-        for name, a in arrays.items()
-    ]
-    _compute(da.store(list(arrays.values()), targets, lock=False, compute=False), client)
-    return group
+def _store_arrays(
+    arrays: dict[str, da.Array], path: Path, client: Client | None, attrs: dict | None = None
+) -> None:
+    """Write (m,) dask arrays (one task per row chunk) and the attributes ``attrs`` into a new
+    Zarr group that replaces ``path`` atomically once complete."""
+    with atomic_directory(path) as tmp:
+        group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        targets = [
+            group.create_array(name, shape=a.shape, dtype=a.dtype, chunks=(a.chunks[0][0],))
+            for name, a in arrays.items()
+        ]
+        compute(da.store(list(arrays.values()), targets, lock=False, compute=False), client)
+        if attrs:
+            group.attrs.update(attrs)
 
 
 def answer_to_store(
@@ -461,14 +454,8 @@ def federated_predict(
 def _site_membership_task(d_train: np.ndarray, d_test: np.ndarray, seed: int, path: str) -> dict:
     """At the site: the membership report from its members' and the queries' distances,
     written to the site's owner folder; returns only the summary fields."""
-    inference = membership_inference_from_distances(d_train, d_test, random_state=seed)
-    attack = membership_attack_from_distances(d_train, d_test)
-    fields = membership_fields(inference, attack)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({**fields, "n_test": inference.n_test}, indent=2, default=float))
-    tmp.replace(out)
+    fields = membership_metrics(d_train, d_test, seed)
+    write_json_atomic(path, {**fields, "n_test": int(np.size(d_test))}, indent=2, default=float)
     return fields
 
 
@@ -481,31 +468,20 @@ def site_membership(
     training rows (``store``; a seeded subset of ``max_train_rows``) against its answers to
     the shared queries (``test_answers``), written to ``out_path`` (site q's owner folder).
 
-    Returns only the summary fields (:func:`~kahm_dask.federated.membership_fields`). With
+    Returns only the summary fields (:func:`~kahm_dask.pipeline.run.membership_metrics`). With
     ``pin`` every task (reading the rows, the distances, the metrics) runs on site q's
     workers; the member distances never leave them. Equal to
     :func:`kahm_dask.federated.site_membership_evaluation` with ``random_state=seed``.
     """
-    rows = training_row_subset(store.n_samples, max_train_rows, random_state=seed)
     with _pinned(q, pin):
-        X = store.X()  # built here, so the reads of site q's rows carry its resource too
-        X = X if rows.size == store.n_samples else X[rows]
+        X = member_rows(store, max_train_rows, seed)  # built here: reads carry site q's resource
         d_train = class_distance_array(model_path, X).min(axis=1)
         d_test = da.from_zarr(str(test_answers), component=MIN_DISTANCE)
         job = dask.delayed(_site_membership_task, pure=False)(d_train, d_test, seed, str(out_path))
-        return _compute(job, client)
+        return compute(job, client)
 
 
 # --------------------------------------------------------------------------- run
-
-
-def _accuracy(decision: zarr.Group, test: DatasetStore, n_sites: int) -> dict:
-    classes = np.asarray(decision.attrs["classes"], dtype=object)
-    pred = classes[decision[LABEL][...]]
-    return {
-        "accuracy": float(np.mean(pred.astype(str) == test.labels().astype(str))),
-        "site_wins": np.bincount(decision[SITE][...], minlength=n_sites).tolist(),
-    }
 
 
 def run_federated_pipeline(
@@ -527,114 +503,89 @@ def run_federated_pipeline(
     """
     fed = cfg.federation
     private = cfg.privacy.epsilon is not None
-    out = Path(cfg.output)
-    owner = out / OWNER
-    owner.mkdir(parents=True, exist_ok=True)
+    paths = run_paths(cfg.output, False)  # the coordinator's folders: nothing is published
+    paths.make_dirs()
     if site_partitions is not None and len(site_partitions) != fed.sites:
         raise ValueError(f"got {len(site_partitions)} site partitions for {fed.sites} sites.")
     if fed.pin_sites:
         check_site_resources(client, fed.sites)
-    t0 = time.perf_counter()
-    with _outside_the_sites(fed.pin_sites):
-        train, test = prepare_stores(cfg, out)
-    labels = train.labels()
-    sites = split_sites(labels, fed.sites, fed.split, classes_per_site=fed.classes_per_site,
-                        alpha=fed.alpha, random_state=fed.split_seed)
-    record = _split_record(fed, labels, sites)
-    stores = write_site_stores(train, sites, out / "sites", record, pin=fed.pin_sites)
-    t_ingest = time.perf_counter() - t0
+    clock = Stopwatch()
+    with clock.stage("ingest"):
+        with _outside_the_sites(fed.pin_sites):
+            train, test = prepare_stores(cfg, paths.root)
+        labels = train.labels()
+        sites = split_sites(labels, fed.sites, fed.split, classes_per_site=fed.classes_per_site,
+                            alpha=fed.alpha, random_state=fed.split_seed)
+        record = _split_record(fed, labels, sites)
+        stores = write_site_stores(train, sites, paths.root / "sites", record, pin=fed.pin_sites)
 
-    paths = [site_paths(out / "sites", q, private) for q in range(fed.sites)]
-    summaries, site_seconds = [], []
-    t1 = time.perf_counter()
-    for q, store in enumerate(stores):
-        ts = time.perf_counter()
-        with _pinned(q, fed.pin_sites):  # a site's own bounds (if not public) from its own rows
-            base = settings_from_config(cfg, store)
-        settings = dataclasses.replace(
-            base,
-            seed=None if cfg.seed is None else site_seed(cfg.seed, q),
-            insecure_noise_seed=(None if insecure_noise_seed is None
-                                 else site_noise_seed(insecure_noise_seed, q)),
-        )
-        part = None if site_partitions is None else site_partitions[q]
-        summary = train_site(q, store, paths[q], settings, client, partition=part,
-                             pin=fed.pin_sites, progress=progress)
-        if summary["privacy"] is not None:
-            write_privacy_statement(paths[q].public, summary["privacy_statement_markdown"],
-                                    summary["privacy"]["ledger"])
-        summaries.append(summary)
-        site_seconds.append(round(time.perf_counter() - ts, 3))
-        log.info("site %d: %d rows, %d clusters", q, store.n_samples, summary["n_clusters"])
-    fit_s = time.perf_counter() - t1
+    folders = [site_paths(paths.root / "sites", q, private) for q in range(fed.sites)]
+    summaries, site_clock = [], Stopwatch()
+    with clock.stage("fit"):
+        for q, store in enumerate(stores):
+            with site_clock.stage(f"site{q}"):
+                with _pinned(q, fed.pin_sites):  # bounds (if not public) from the site's own rows
+                    base = settings_from_config(cfg, store)
+                settings = dataclasses.replace(
+                    base,
+                    seed=None if cfg.seed is None else site_seed(cfg.seed, q),
+                    insecure_noise_seed=(None if insecure_noise_seed is None
+                                         else site_noise_seed(insecure_noise_seed, q)),
+                )
+                part = None if site_partitions is None else site_partitions[q]
+                summary = train_site(q, store, folders[q], settings, client, partition=part,
+                                     pin=fed.pin_sites, progress=progress)
+                write_statement(folders[q], summary)
+                summaries.append(summary)
+                log.info("site %d: %d rows, %d clusters", q, store.n_samples, summary["n_clusters"])
 
-    model_paths = [p.model for p in paths]
-    t2 = time.perf_counter()
-    decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
-                                 pin=fed.pin_sites)
-    arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
-    group = _store_arrays(arrays, owner / "predictions.zarr", client)
-    group.attrs["classes"] = list(train.classes)
-    predict_s = time.perf_counter() - t2
-    metrics = _accuracy(group, test, fed.sites)
+    model_paths = [f.model for f in folders]
+    with clock.stage("predict"):
+        decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
+                                     pin=fed.pin_sites)
+        arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
+        _store_arrays(arrays, paths.predictions, client, {"classes": list(train.classes)})
+    group = zarr.open_group(str(paths.predictions), mode="r")
+    quality = {
+        "accuracy": accuracy(group, LABEL, test),
+        "site_wins": np.bincount(group[SITE][...], minlength=fed.sites).tolist(),
+    }
     if cfg.evaluate.membership:
         per_site = [
             site_membership(q, store, model_paths[q], answer_path(model_paths[q], "test"),
-                            paths[q].owner / "membership.json", client,
+                            folders[q].owner / "membership.json", client,
                             max_train_rows=cfg.evaluate.max_train_rows,
                             seed=cfg.data.split_seed, pin=fed.pin_sites)
             for q, store in enumerate(stores)
         ]
-        metrics.update(membership_summary(per_site))
-        metrics["site_membership"] = metrics.pop("sites")
+        quality.update(membership_summary(per_site))
+        quality["site_membership"] = quality.pop("sites")
 
-    fields = settings_fields(cfg, client)
-    fields["seed"] = cfg.seed
-    fields.update(_release_fields([s["privacy"] for s in summaries]))
-    metrics = {
-        "name": cfg.name,
-        **metrics,
-        "fit_seconds": round(fit_s, 3),
-        "predict_seconds": round(predict_s, 3),
-        "ingest_seconds": round(t_ingest, 3),
-        "n_train": train.n_samples,
-        "n_test": test.n_samples,
-        "n_features": train.n_features,
-        "n_sites": fed.sites,
-        "split": fed.split,
-        "classes_per_site": fed.classes_per_site,
-        "alpha": fed.alpha,
-        "split_seed": fed.split_seed,
-        "pin_sites": fed.pin_sites,
-        "label_heterogeneity": record["label_heterogeneity"],
-        "site_sizes": record["site_sizes"],
-        "site_classes": record["site_classes"],
-        "site_fit_seconds": site_seconds,
-        "n_clusters": sum(s["n_clusters"] for s in summaries),
-        "n_clusters_resumed": sum(s["n_resumed"] for s in summaries),
-        **fields,
-        "owner_dir": str(owner),
-        "site_public_dirs": [str(p.public) for p in paths] if private else None,
-        "site_model_stores": [str(p) for p in model_paths],
-        "site_privacy": [s["privacy"] for s in summaries] if private else None,
-    }
-    text = write_report(owner, metrics, plots=cfg.report.plots)
-    (owner / "report.md").write_text(text + _folders_markdown(out, private))
+    metrics = report_metrics(
+        cfg, client, quality, clock.seconds, train, test, summaries, seed=cfg.seed,
+        fit_details={},
+        run_details={
+            "n_sites": fed.sites,
+            "split": fed.split,
+            "classes_per_site": fed.classes_per_site,
+            "alpha": fed.alpha,
+            "split_seed": fed.split_seed,
+            "pin_sites": fed.pin_sites,
+            "label_heterogeneity": record["label_heterogeneity"],
+            "site_sizes": record["site_sizes"],
+            "site_classes": record["site_classes"],
+            "site_fit_seconds": [round(t, 3) for t in site_clock.seconds.values()],
+        },
+        outputs={
+            "owner_dir": str(paths.owner),
+            "site_public_dirs": [str(f.public) for f in folders] if private else None,
+            "site_model_stores": [str(p) for p in model_paths],
+            "site_privacy": [s["privacy"] for s in summaries] if private else None,
+        },
+    )
+    text = write_report(paths.owner, metrics, plots=cfg.report.plots)
+    write_text_atomic(paths.owner / "report.md", text + _folders_markdown(paths.root, private))
     return metrics
-
-
-def _release_fields(privacy: list[dict | None]) -> dict:
-    """``d``, ``bounds`` and ``bounds_source`` of the sites' releases: one value when every
-    site used the same, else one per site (e.g. bounds each site took from its own rows)."""
-    if not privacy or privacy[0] is None:
-        return {}
-    statements = [p["statement"] for p in privacy]
-    per_site = {
-        "d": [s["mechanism"]["d"] for s in statements],
-        "bounds": [[s["mechanism"]["lower"], s["mechanism"]["upper"]] for s in statements],
-        "bounds_source": [s["bounds_source"] for s in statements],
-    }
-    return {k: v[0] if all(x == v[0] for x in v) else v for k, v in per_site.items()}
 
 
 def _folders_markdown(out: Path, private: bool) -> str:

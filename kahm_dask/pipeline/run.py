@@ -14,21 +14,39 @@ The run folder is split at the release boundary (:class:`RunPaths`):
   ``report.md`` and ``distances.png``: everything computed on private rows (accuracy on the
   private test split, membership metrics, distances, timings). A non-private run's model store
   is fitted on private rows and lives here too.
+
+The steps every run takes are written here once and shared with the federated run
+(:mod:`kahm_dask.pipeline.federated`, which adds only what is federated): the folder layout
+(:class:`RunPaths`), the train settings and report fields of a config, the stage timings
+(:class:`Stopwatch`), the accuracy and membership metrics, the privacy statements
+(:func:`write_statement`) and the report's metrics (:func:`report_metrics`). Connecting to
+the cluster and computing on it are :mod:`kahm_dask.pipeline.cluster`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
 import zarr
+from distributed import Client
 
-from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds
+from kahm_dask.federated import membership_fields
+from kahm_dask.pipeline.config import PipelineConfig
+from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores
 from kahm_dask.pipeline.modelstore import read_manifest
-from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
+from kahm_dask.pipeline.predict import (
+    DISTANCES,
+    PREDICTIONS,
+    class_distance_array,
+    predict_to_store,
+)
 from kahm_dask.pipeline.store import DatasetStore
 from kahm_dask.pipeline.tasks import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
@@ -39,7 +57,21 @@ from kahm_dask.privacy.membership import (
 )
 from kahm_dask.report import write_privacy_statement, write_report
 
-__all__ = ["RunPaths", "run_paths", "settings_from_config", "settings_fields", "evaluate", "run_pipeline"]
+__all__ = [
+    "RunPaths",
+    "run_paths",
+    "settings_from_config",
+    "settings_fields",
+    "release_fields",
+    "Stopwatch",
+    "accuracy",
+    "member_rows",
+    "membership_metrics",
+    "evaluate",
+    "write_statement",
+    "report_metrics",
+    "run_pipeline",
+]
 
 log = logging.getLogger("kahm_dask")
 
@@ -79,12 +111,19 @@ class RunPaths:
     def statement(self) -> Path:
         return self.public / "PRIVACY.md"
 
+    def make_dirs(self) -> None:
+        """Create ``owner/`` and, for a DP run, ``public/``."""
+        self.owner.mkdir(parents=True, exist_ok=True)
+        if self.private:
+            self.public.mkdir(parents=True, exist_ok=True)
+
 
 def run_paths(output: str | Path, private: bool) -> RunPaths:
+    """The folders of a run (or of one site of a federated run) under ``output``."""
     return RunPaths(Path(output), bool(private))
 
 
-def settings_from_config(cfg, train: DatasetStore | None = None) -> TrainSettings:
+def settings_from_config(cfg: PipelineConfig, train: DatasetStore | None = None) -> TrainSettings:
     """Translate a :class:`~kahm_dask.pipeline.config.PipelineConfig` into train settings.
 
     For a DP run the feature bounds come from :func:`~kahm_dask.pipeline.data.feature_bounds`
@@ -127,7 +166,7 @@ def settings_from_config(cfg, train: DatasetStore | None = None) -> TrainSetting
     )
 
 
-def settings_fields(cfg, client) -> dict:
+def settings_fields(cfg: PipelineConfig, client: Client | None) -> dict:
     """The report fields that describe the run's privacy and model settings (the seed seeds
     k-means only and is not secret; ``d`` null = the bound width)."""
     p = cfg.privacy
@@ -147,6 +186,58 @@ def settings_fields(cfg, client) -> dict:
     }
 
 
+def release_fields(privacy: Sequence[dict | None]) -> dict:
+    """``d``, ``bounds`` and ``bounds_source`` of the DP releases of a run's models (the
+    ``privacy`` of their training summaries; none for a non-private run): one value when every
+    model used the same, else one per model (e.g. bounds each site took from its own rows)."""
+    if not privacy or privacy[0] is None:
+        return {}
+    statements = [p["statement"] for p in privacy]
+    per_model = {
+        "d": [s["mechanism"]["d"] for s in statements],
+        "bounds": [[s["mechanism"]["lower"], s["mechanism"]["upper"]] for s in statements],
+        "bounds_source": [s["bounds_source"] for s in statements],
+    }
+    return {k: v[0] if all(x == v[0] for x in v) else v for k, v in per_model.items()}
+
+
+@dataclass
+class Stopwatch:
+    """Wall-clock seconds of a run's stages, by name."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the block inside as stage ``name``."""
+        t0 = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - t0
+
+
+def accuracy(group: zarr.Group, codes: str, test: DatasetStore) -> float:
+    """Share of the test rows whose predicted class (array ``codes`` of ``group``: codes into
+    its ``classes`` attribute) is their label."""
+    classes = np.asarray(group.attrs["classes"], dtype=object)
+    pred = classes[group[codes][...]]
+    return float(np.mean(pred.astype(str) == test.labels().astype(str)))
+
+
+def member_rows(store: DatasetStore, max_train_rows: int | None, seed: int) -> da.Array:
+    """The training rows the membership metrics use: all rows of ``store``, or the seeded
+    subset of ``max_train_rows`` (:func:`~kahm_dask.privacy.membership.training_row_subset`)."""
+    rows = training_row_subset(store.n_samples, max_train_rows, random_state=seed)
+    X = store.X()
+    return X if rows.size == store.n_samples else X[rows]
+
+
+def membership_metrics(d_train: np.ndarray, d_test: np.ndarray, seed: int) -> dict:
+    """The membership report fields (docs/algorithm.md#mis-reporting) of the members'
+    min-over-class distances ``d_train`` against the non-members' ``d_test``."""
+    inference = membership_inference_from_distances(d_train, d_test, random_state=seed)
+    return membership_fields(inference, membership_attack_from_distances(d_train, d_test))
+
+
 def evaluate(
     model_path: Path, pred_path: Path, train: DatasetStore, test: DatasetStore, *,
     membership: bool = True, max_train_rows: int | None = None, seed: int = 0,
@@ -155,24 +246,62 @@ def evaluate(
     training rows (or their seeded subset) vs the test rows. Computed on private rows: the
     result belongs to the owner's folder."""
     group = zarr.open_group(str(pred_path), mode="r")
-    classes = np.asarray(group.attrs["classes"], dtype=object)
-    pred = classes[group[PREDICTIONS][...]]
-    truth = test.labels()
-    metrics = {"accuracy": float(np.mean(pred.astype(str) == truth.astype(str)))}
+    metrics = {"accuracy": accuracy(group, PREDICTIONS, test)}
     if not membership:
         return metrics, None, None
     d_test = np.min(group[DISTANCES][...], axis=1)
-    rows = training_row_subset(train.n_samples, max_train_rows, random_state=seed)
-    d_train = class_distance_array(model_path, train.X()[np.sort(rows)]).min(axis=1).compute()
-    mia = membership_inference_from_distances(d_train, d_test, random_state=seed)
-    attack = membership_attack_from_distances(d_train, d_test)
-    metrics.update(
-        mis=mia.mis, mis_norm=mia.mis_norm, median_distance=mia.median_distance,
-        n_train_used=mia.n_train_used, n_infinite=mia.n_infinite,
-        attack_auc=attack.auc, attack_advantage=attack.advantage,
-        attack_tpr_at_1pct_fpr=attack.tpr_at_1pct_fpr, attack_tpr_at_0_1pct_fpr=attack.tpr_at_0_1pct_fpr,
-    )
+    X = member_rows(train, max_train_rows, seed)
+    d_train = class_distance_array(model_path, X).min(axis=1).compute()
+    metrics.update(membership_metrics(d_train, d_test, seed))
     return metrics, d_train, d_test
+
+
+def write_statement(paths: RunPaths, summary: dict) -> None:
+    """Write the privacy statement of a DP model (its training ``summary``) with its data
+    set's ledger total to ``paths.public``; nothing for a non-private model."""
+    if summary["privacy"] is not None:
+        write_privacy_statement(paths.public, summary["privacy_statement_markdown"],
+                                summary["privacy"]["ledger"])
+
+
+def report_metrics(
+    cfg: PipelineConfig,
+    client: Client | None,
+    quality: dict,
+    seconds: dict[str, float],
+    train: DatasetStore,
+    test: DatasetStore,
+    summaries: Sequence[dict],
+    *,
+    seed: int | None,
+    fit_details: dict,
+    run_details: dict,
+    outputs: dict,
+) -> dict:
+    """The metrics of a run's ``report.json``, in order: the config's name, the ``quality``
+    metrics, the ``seconds`` of the stages ``fit`` (then ``fit_details``), ``predict`` and
+    ``ingest``, the data sizes (then ``run_details``), the cluster counts of the models'
+    training ``summaries``, the settings (:func:`settings_fields` with ``seed`` and the
+    :func:`release_fields`) and ``outputs`` (where the run wrote what)."""
+    fields = settings_fields(cfg, client)
+    fields["seed"] = seed
+    fields.update(release_fields([s["privacy"] for s in summaries]))
+    return {
+        "name": cfg.name,
+        **quality,
+        "fit_seconds": round(seconds["fit"], 3),
+        **fit_details,
+        "predict_seconds": round(seconds["predict"], 3),
+        "ingest_seconds": round(seconds["ingest"], 3),
+        "n_train": train.n_samples,
+        "n_test": test.n_samples,
+        "n_features": train.n_features,
+        **run_details,
+        "n_clusters": sum(s["n_clusters"] for s in summaries),
+        "n_clusters_resumed": sum(s["n_resumed"] for s in summaries),
+        **fields,
+        **outputs,
+    }
 
 
 def _fabricated_samples(model_path: Path, k: int = 4) -> dict:
@@ -190,62 +319,41 @@ def _fabricated_samples(model_path: Path, k: int = 4) -> dict:
     return fabricated
 
 
-def run_pipeline(cfg, client, *, progress: bool = True) -> dict:
+def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: bool = True) -> dict:
     """Run a whole pipeline config on ``client``; returns the metrics written to report.json
     (in ``<output>/owner``; the publishable part is in ``<output>/public``)."""
-    from kahm_dask.pipeline.data import prepare_stores
-
-    p = cfg.privacy
-    paths = run_paths(cfg.output, p.epsilon is not None)
-    paths.owner.mkdir(parents=True, exist_ok=True)
-    if paths.private:
-        paths.public.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    train, test = prepare_stores(cfg, paths.root)
-    t_ingest = time.perf_counter() - t0
+    paths = run_paths(cfg.output, cfg.privacy.epsilon is not None)
+    paths.make_dirs()
+    clock = Stopwatch()
+    with clock.stage("ingest"):
+        train, test = prepare_stores(cfg, paths.root)
     log.info("data: %d training rows, %d test rows, %d features", train.n_samples, test.n_samples, train.n_features)
 
     settings = settings_from_config(cfg, train)
-    t1 = time.perf_counter()
-    summary = train_pipeline(train, paths.model, paths.work, settings, client, progress=progress)
-    fit_s = time.perf_counter() - t1
-    t2 = time.perf_counter()
-    predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress)
-    predict_s = time.perf_counter() - t2
-    metrics, d_train, d_test = evaluate(
+    with clock.stage("fit"):
+        summary = train_pipeline(train, paths.model, paths.work, settings, client, progress=progress)
+    with clock.stage("predict"):
+        predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress)
+    quality, d_train, d_test = evaluate(
         paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
         max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed,
     )
-    privacy = summary["privacy"]
-    fields = settings_fields(cfg, client)
-    fields["seed"] = summary["seed"]
-    if privacy is not None:
-        mech = privacy["statement"]["mechanism"]
-        fields.update(d=mech["d"], bounds=[mech["lower"], mech["upper"]],
-                      bounds_source=privacy["statement"]["bounds_source"])
-    metrics = {
-        "name": cfg.name,
-        **metrics,
-        "fit_seconds": round(fit_s, 3),
-        "fit_stage_seconds": {**summary["stage_seconds"], "tasks": summary["train_seconds"]},
-        "predict_seconds": round(predict_s, 3),
-        "ingest_seconds": round(t_ingest, 3),
-        "n_train": train.n_samples,
-        "n_test": test.n_samples,
-        "n_features": train.n_features,
-        "n_clusters": summary["n_clusters"],
-        "n_clusters_resumed": summary["n_resumed"],
-        **fields,
-        "public_dir": str(paths.public) if paths.private else None,
-        "owner_dir": str(paths.owner),
-        "model_store": str(paths.model),
-        "privacy": privacy,
-    }
-    fabricated = {}
-    if paths.private:
-        write_privacy_statement(paths.public, summary["privacy_statement_markdown"], privacy["ledger"])
-        fabricated = _fabricated_samples(paths.model)
-    write_report(paths.owner, metrics, plots=cfg.report.plots, fabricated=fabricated,
+    metrics = report_metrics(
+        cfg, client, quality, clock.seconds, train, test, [summary], seed=summary["seed"],
+        fit_details={
+            "fit_stage_seconds": {**summary["stage_seconds"], "tasks": summary["train_seconds"]},
+        },
+        run_details={},
+        outputs={
+            "public_dir": str(paths.public) if paths.private else None,
+            "owner_dir": str(paths.owner),
+            "model_store": str(paths.model),
+            "privacy": summary["privacy"],
+        },
+    )
+    write_statement(paths, summary)
+    write_report(paths.owner, metrics, plots=cfg.report.plots,
+                 fabricated=_fabricated_samples(paths.model) if paths.private else {},
                  d_train=d_train, d_test=d_test,
                  statement_markdown=summary["privacy_statement_markdown"],
                  public_dir=paths.public if paths.private else None)

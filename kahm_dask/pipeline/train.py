@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 import uuid
@@ -43,20 +42,23 @@ import numpy as np
 import zarr
 
 from kahm_dask import __version__
+from kahm_dask._atomic import write_json_atomic
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
 from kahm_dask.classifier import MODEL_STREAM, PARTITION_STREAM
 from kahm_dask.pipeline.data import store_bounds
+from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.modelstore import write_manifest
 from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.store import DatasetStore, StoreError, is_complete, mark_complete
-from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, TrainParams, train_cluster
+from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC, public_bounds
 from kahm_dask.privacy.ledger import PrivacyLedger, ledger_path
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import NoiseSource, as_noise_source
 from kahm_dask.privacy.statement import plan_release
+from kahm_dask.recipe import TrainParams
 
 log = logging.getLogger("kahm_dask")
 
@@ -121,9 +123,7 @@ def _kmeans_seed(seed: int | None, work_path: Path) -> int:
     except (FileNotFoundError, KeyError, ValueError, TypeError):
         pass
     value = int(np.random.SeedSequence().entropy) % 2**63
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"seed": value, "note": "k-means seed; not secret"}))
-    os.replace(tmp, path)
+    write_json_atomic(path, {"seed": value, "note": "k-means seed; not secret"})
     return value
 
 
@@ -357,7 +357,7 @@ def train_pipeline(
         dask.delayed(train_cluster, pure=True)(str(work_path), str(model_path), c, s, a, b, params)
         for c, s, a, b in table
     ]
-    infos = _run(tasks, client, progress)
+    infos = compute(tasks, client, progress=progress)
     return {
         "n_clusters": len(table),
         "n_resumed": sum(i["resumed"] for i in infos),
@@ -415,20 +415,7 @@ def _check_same_settings(model_path: Path, work_path: Path, current: dict) -> No
                 f"model store {model_path} was trained with other settings ({', '.join(keys)}); "
                 "delete it or choose another output directory."
             )
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(current))
-    os.replace(tmp, path)
-
-
-def _run(tasks: list, client, progress: bool) -> list[dict]:
-    if client is None:
-        return list(dask.compute(*tasks, scheduler="threads"))
-    futures = client.compute(tasks, retries=2)
-    if progress:
-        from distributed import progress as dask_progress
-
-        dask_progress(futures, notebook=False)
-    return client.gather(futures)
+    write_json_atomic(path, current)
 
 
 def _versions() -> dict[str, str]:

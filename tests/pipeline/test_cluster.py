@@ -28,6 +28,7 @@ from kahm_dask.pipeline.cluster import (
     build_cluster,
     connect,
     load_cluster_config,
+    local_cluster,
 )
 from kahm_dask.pipeline.config import ClusterConfig, ConfigError
 
@@ -93,6 +94,26 @@ def test_worker_blas_is_limited_even_when_the_environment_says_otherwise(monkeyp
             (result,) = _on_every_worker(client, _worker_blas).values()
     assert result["env"]["OPENBLAS_NUM_THREADS"] == "2"
     assert set(result["blas"].values()) == {1}
+
+
+def test_local_workers_advertise_the_given_resources_with_single_threaded_blas():
+    resources = [{"site0": 1, "site2": 1}, {"site1": 1}]
+    with threadpool_limits(limits=2, user_api="blas"):
+        with connect(ClusterConfig(n_workers=2, processes=False), worker_resources=resources) as client:
+            workers = client.scheduler_info()["workers"].values()
+            assert {w["name"]: w["resources"] for w in workers} == {"worker0": resources[0],
+                                                                    "worker1": resources[1]}
+            results = _on_every_worker(client, _worker_blas)
+            assert all(set(r["blas"].values()) == {1} for r in results.values())
+        assert _blas_threads_here() == {2}
+
+
+def test_worker_resources_need_one_mapping_per_worker_of_a_local_cluster():
+    with pytest.raises(ValueError, match="resources for 1 workers; the cluster has 2"):
+        local_cluster(LocalSpec(n_workers=2), [{"site0": 1}])
+    with pytest.raises(ValueError, match="worker_resources apply to a local cluster"):
+        with connect(ClusterConfig(scheduler="tcp://127.0.0.1:8786"), worker_resources=[{}]):
+            pass
 
 
 def test_cluster_and_client_close_on_exception():

@@ -23,7 +23,7 @@ import zarr
 from distributed import Client, get_task_stream, get_worker
 
 import kahm_dask.pipeline.predict as predict_module
-import kahm_dask.pipeline.store as store_module
+import kahm_dask.pipeline.sources as store_module
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import FederatedClassifier, fit_sites, split_sites
@@ -40,7 +40,7 @@ from kahm_dask.pipeline.federated import (
     train_site,
 )
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.pipeline.tasks import TrainParams
+from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
@@ -253,6 +253,26 @@ def test_sites_with_identical_rows_release_different_noise(tmp_path, digits):
         noisy.append(da.from_zarr(str(tmp_path / f"s{q}" / "work" / NOISY)).compute())
     assert noisy[0].shape == (300, 64)
     assert np.mean(noisy[0] == noisy[1]) < 0.05
+
+
+def test_a_failed_rewrite_of_a_sites_answers_keeps_the_previous_ones(tmp_path, digits, monkeypatch):
+    """Answer stores (and predictions.zarr, written alike) replace the old store atomically:
+    a failed write leaves it whole, and no temporary sibling stays behind."""
+    store = write_dataset(tmp_path / "s0" / "train.zarr", digits.X_train[:300], digits.y_train[:300])
+    train_site(0, store, tmp_path / "s0", TrainSettings(TrainParams(5, 1), seed=1), None)
+    queries = write_dataset(tmp_path / "test.zarr", digits.X_test, digits.y_test).X()
+    model, out = tmp_path / "s0" / "model.zarr", tmp_path / "answers" / "test.zarr"
+    answer_to_store(0, model, queries, store.classes, out, None)
+    before = zarr.open_group(str(out), mode="r")["min_distance"][:]
+
+    def lost_worker(*args, **kwargs):
+        raise RuntimeError("lost worker")
+
+    monkeypatch.setattr(predict_module, "_cluster_block", lost_worker)
+    with pytest.raises(RuntimeError, match="lost worker"):
+        answer_to_store(0, model, queries, store.classes, out, None)
+    np.testing.assert_array_equal(zarr.open_group(str(out), mode="r")["min_distance"][:], before)
+    assert [p.name for p in out.parent.iterdir()] == ["test.zarr"]
 
 
 def test_pinned_site_tasks_run_on_the_site_worker(tmp_path, digits):

@@ -1,0 +1,75 @@
+"""The console of `kahm-dask run`: progress bars and results only; Dask's INFO lines (its
+scheduler and nannies in the CLI's process, its worker processes) only with ``-v``.
+
+The CLI runs as a subprocess on a tiny pipeline with one worker *process*, so the console is
+what a user sees, worker processes included.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import dask
+
+from kahm_dask.pipeline.cluster import connect
+from kahm_dask.pipeline.config import ClusterConfig
+
+PIPELINE = """\
+name: console
+output: {output}
+data:
+  source: sklearn:iris
+model:
+  n_components: 2
+  n_layers: 1
+report:
+  plots: false
+cluster:
+  n_workers: 1
+  processes: true
+"""
+
+
+def _run_cli(tmp_path: Path, *options: str) -> str:
+    """`kahm-dask run` on the tiny pipeline; its stdout and stderr (workers included)."""
+    cfg = tmp_path / "console.yaml"
+    cfg.write_text(PIPELINE.format(output=tmp_path / "run"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kahm_dask.cli", "run", str(cfg), *options],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-3000:]
+    return console
+
+
+def test_default_console_has_no_info_lines(tmp_path):
+    console = _run_cli(tmp_path)
+    assert not [line for line in console.splitlines() if re.search(r"\bINFO\b", line)]
+    assert "| accuracy |" in console and "Owner folder" in console  # the results
+    assert "Completed" in console  # the progress bars
+
+
+def test_verbose_console_has_dask_info_lines(tmp_path):
+    console = _run_cli(tmp_path, "--no-progress", "-v")
+    assert "INFO distributed.scheduler:" in console  # the scheduler, in the CLI's process
+    assert re.search(r" - distributed\.worker - INFO - ", console)  # the worker process
+    assert "| accuracy |" in console
+
+
+def test_local_cluster_workers_log_at_dasks_configured_level():
+    """The level reaches a local cluster's worker processes through ``logging.distributed``
+    (their ``silence_logs``): INFO here, where LocalCluster's default would be WARNING."""
+    with (dask.config.set({"logging.distributed": "info"}),
+          connect(ClusterConfig(n_workers=1, processes=True)) as client):
+        levels = client.submit(_distributed_handler_levels, pure=False).result(timeout=60)
+    assert levels == {logging.INFO}
+
+
+def _distributed_handler_levels() -> set[int]:
+    """Runs on a worker: the levels of the handlers of its ``distributed`` logger."""
+    return {h.level for h in logging.getLogger("distributed").handlers}
