@@ -61,7 +61,8 @@ def weakenings(
         )
     if cluster_on == "original":
         out.append(
-            "cluster_on='original': the fabrication's k-means partition is computed on the private rows"
+            "cluster_on='original': the k-means partition of the class models (and of the fabrication) is "
+            "computed on the private rows"
         )
     if d_below_width:
         out.append("d is smaller than the bound width: changes of an entry by more than d are not covered")
@@ -97,11 +98,11 @@ class PrivacyStatement:
         r_source: str | None = None,
         cluster_on: str | None = None,
         insecure_noise: bool = False,
-    ) -> "PrivacyStatement":
+    ) -> PrivacyStatement:
         items = weakenings(
             bounds_source=bounds_source,
             r_source=r_source if dp_data == "fabricated" else None,
-            cluster_on=cluster_on if dp_data == "fabricated" else None,
+            cluster_on=cluster_on,  # the partition reads the rows whatever dp_data
             insecure_noise=insecure_noise,
             delta=mechanism.delta,
             d_below_width=bool((mechanism.d < mechanism.upper - mechanism.lower).any()),

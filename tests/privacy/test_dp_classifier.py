@@ -305,15 +305,19 @@ def test_the_papers_options_warn_and_are_named(kwargs, match):
     assert clf.privacy_statement_.holds
 
 
-def test_noisy_variant_does_not_name_fabrication_options():
-    """dp_data="noisy" does not run the smoother, so its options weaken nothing."""
+def test_noisy_variant_does_not_name_the_smoother_but_names_a_private_partition():
+    """dp_data="noisy" does not run the smoother, so r_source weakens nothing; but the
+    class models' k-means partition reads the private rows with cluster_on="original"
+    whatever dp_data (before, the statement left that out)."""
     X, y = _small_problem()
-    clf = KAHMClassifier(3, 1, random_state=0, epsilon=1.0, bounds=(0, 1), dp_data="noisy",
-                         r_source="private", cluster_on="original")
+    clf = KAHMClassifier(3, 1, random_state=0, epsilon=1.0, bounds=(0, 1), dp_data="noisy", r_source="private")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyLeakWarning)
         clf.fit(X, y)
     assert clf.privacy_statement_.weakenings == []
+    with pytest.warns(PrivacyLeakWarning, match="cluster_on='original'"):
+        clf.set_params(cluster_on="original").fit(X, y)
+    assert [w.split(":")[0] for w in clf.privacy_statement_.weakenings] == ["cluster_on='original'"]
 
 
 @pytest.mark.parametrize(
