@@ -28,7 +28,7 @@ import numpy as np
 
 from kahm_dask._batching import row_chunks
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
-from kahm_dask.classifier import MODEL_STREAM
+from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.deep import WideKAHM, layer_dimensions
 
 __all__ = ["NaiveKAHM", "NaiveDeepKAHM", "NaiveWideKAHM", "NaiveKAHMClassifier", "naive_flops"]
@@ -51,7 +51,7 @@ class NaiveKAHM:
         self.min_range = min_range
         self.lambda_rtol = lambda_rtol
 
-    def fit(self, Y: np.ndarray) -> "NaiveKAHM":
+    def fit(self, Y: np.ndarray) -> NaiveKAHM:
         Y = np.asarray(Y, dtype=np.float64)
         N, p = Y.shape
         self.Y_ = Y
@@ -113,8 +113,10 @@ class NaiveDeepKAHM:
     def __init__(self, n_components: int = 20, n_layers: int = 5, min_range: float | None = 1e-3):
         self.n_components, self.n_layers, self.min_range = n_components, n_layers, min_range
 
-    def fit(self, Y: np.ndarray) -> "NaiveDeepKAHM":
-        self.layers_ = [NaiveKAHM(n_l, self.min_range).fit(Y) for n_l in layer_dimensions(self.n_components, self.n_layers)]
+    def fit(self, Y: np.ndarray) -> NaiveDeepKAHM:
+        self.layers_ = [
+            NaiveKAHM(n_l, self.min_range).fit(Y) for n_l in layer_dimensions(self.n_components, self.n_layers)
+        ]
         return self
 
     def images_and_distances(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +137,7 @@ class NaiveWideKAHM:
     def __init__(self, n_components: int = 20, n_layers: int = 5, min_range: float | None = 1e-3):
         self.n_components, self.n_layers, self.min_range = n_components, n_layers, min_range
 
-    def fit(self, Y: np.ndarray, labels: np.ndarray) -> "NaiveWideKAHM":
+    def fit(self, Y: np.ndarray, labels: np.ndarray) -> NaiveWideKAHM:
         self.branches_ = [
             NaiveDeepKAHM(self.n_components, self.n_layers, self.min_range).fit(Y[labels == s])
             for s in np.unique(labels)
@@ -150,11 +152,11 @@ class NaiveKAHMClassifier:
     """Definition 7 with naive class models; branches from the project's k-means (same seeds)."""
 
     def __init__(self, n_components: int = 20, n_layers: int = 5, block_size: int = 1000, random_state=None,
-                 chunk_size: int = 1000, n_init: int = 10):
+                 chunk_size: int = 1000, n_init: int = 1):
         self.n_components, self.n_layers, self.block_size = n_components, n_layers, block_size
         self.random_state, self.chunk_size, self.n_init = random_state, chunk_size, n_init
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "NaiveKAHMClassifier":
+    def fit(self, X: np.ndarray, y: np.ndarray) -> NaiveKAHMClassifier:
         X = np.asarray(X, dtype=np.float64)
         self.classes_, y_idx = np.unique(y, return_inverse=True)
         root = as_seed_sequence(self.random_state)
@@ -162,7 +164,7 @@ class NaiveKAHMClassifier:
         for c in range(len(self.classes_)):
             Yc = X[y_idx == c]
             wide = WideKAHM(self.n_components, self.n_layers, self.block_size,
-                            random_state=child_seed_sequence(root, MODEL_STREAM, c), n_init=self.n_init)
+                            random_state=child_seed_sequence(root, PARTITION_STREAM, c), n_init=self.n_init)
             labels = wide.partition(Yc)  # the project's partition: same branches as KAHMClassifier
             self.models_.append(NaiveWideKAHM(self.n_components, self.n_layers).fit(Yc, labels))
         return self

@@ -10,8 +10,8 @@ and docs/algorithm.md#dp-classifier.
 The noise of a DP fit comes from the operating system's secure generator
 (:mod:`kahm_dask.privacy.noise`), never from ``random_state``. ``random_state`` seeds only what
 is not private, from one root ``SeedSequence(random_state)``: ``child(root, 1, c)`` the k-means
-partition of the fabrication (Remark 4) of class index c and ``child(root, 2, c)`` the
-classifier's k-means of class index c.
+partition of class index c, whose parts are the branches of its model and, when fabricating,
+the Remark 4 subsets (as in the Dask pipeline).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from kahm_dask._batching import row_chunks
+from kahm_dask._threads import in_threads
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import (
     as_data_matrix,
@@ -37,17 +38,23 @@ from kahm_dask._validation import (
 from kahm_dask.deep import WideKAHM
 from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.params import PARAMS, check_r_value, parameter_constraints
-from kahm_dask.partition import check_partition
+from kahm_dask.partition import KMEANS_DIMS, check_partition
 from kahm_dask.privacy.bounds import resolve_bounds
-from kahm_dask.privacy.fabrication import fabricate_partitioned
 from kahm_dask.privacy.randomness import as_noise_source
 from kahm_dask.privacy.statement import plan_release
 from kahm_dask.recipe import TrainParams
 
-__all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "PARTITION_STREAM", "MODEL_STREAM"]
+__all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "PARTITION_STREAM"]
 
 DP_DATA = PARAMS["dp_data"].choices
-PARTITION_STREAM, MODEL_STREAM = 1, 2
+#: The k-means partition of class index c is seeded by ``child(SeedSequence(random_state), 1, c)``,
+#: in the estimator and the Dask pipeline alike.
+PARTITION_STREAM = 1
+
+#: Query rows per prediction block with routing (``n_probe``): each branch is evaluated on the
+#: block's rows that probe it, about ``n_probe / S`` of them, so blocks are larger than
+#: EVAL_BLOCK_ROWS to keep those sub-blocks BLAS-sized.
+ROUTED_BLOCK_ROWS = 4096
 
 #: How many recent ``class_distances`` results each fitted classifier keeps (0 disables), so
 #: that e.g. ``predict(X)`` after ``class_distances(X)`` (the membership score's pass over the
@@ -129,8 +136,20 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         paper's order) partitions private rows and warns with ``PrivacyLeakWarning``.
     max_passes : int, default=100
         Cap of the smoother M_max.
-    s_rule : {"round", "ceil"}; min_range : float or None; chunk_size : int; n_init : int
-        See :class:`~kahm_dask.WideKAHM`.
+    s_rule : {"round", "ceil"}; min_range : float or None; chunk_size : int; n_init : int;
+    kmeans_dims : int or None
+        See :class:`~kahm_dask.WideKAHM`; ``n_init`` and ``kmeans_dims`` apply to every k-means
+        (the partition of each class, whose parts are its branches and its Remark 4 subsets).
+    n_probe : int or None, default=None
+        Routing: a query is evaluated, per class, on the ``n_probe`` branches whose centres are
+        nearest to it (docs/algorithm.md#routing), so the prediction cost stops growing with
+        the number of branches. None (or ``n_probe ≥`` the branches of a class) evaluates every
+        branch, exactly eq. 64.
+    n_jobs : int or None, default=None
+        Threads for ``fit`` (over classes) and prediction (over blocks of rows), joblib's
+        convention: None is 1, -1 all cores. With more than one thread, BLAS and OpenMP run one
+        thread each inside them (threadpoolctl, process-wide for the duration of the call);
+        with one, the BLAS thread count is left as it is.
     ledger : :class:`~kahm_dask.privacy.ledger.PrivacyLedger` or None
         Records the release of each DP fit, and refuses one beyond its budget.
     insecure_noise_seed : int or None, default=None
@@ -144,7 +163,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     n_branches_ : (C,) branches per class
     dp_data_ : dict label → (N_c, p) DP rows each class model was built on (releasable);
         only when ``epsilon`` is set
-    fabrication_passes_ : dict label → list of M̃ per Remark 4 subset (fabricated only)
+    fabrication_passes_ : dict label → list of M̃ per branch (fabricated only)
     privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only)
     n_features_in_ : int
 
@@ -171,7 +190,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints: dict = parameter_constraints(
         "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d",
         "dp_data", "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range",
-        "chunk_size", "n_init", "ledger", "insecure_noise_seed",
+        "chunk_size", "n_init", "kmeans_dims", "n_probe", "n_jobs", "ledger", "insecure_noise_seed",
     )
 
     def __init__(
@@ -193,7 +212,10 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         s_rule: str = "round",
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
-        n_init: int = 10,
+        n_init: int = 1,
+        kmeans_dims: int | None = KMEANS_DIMS,
+        n_probe: int | None = None,
+        n_jobs: int | None = None,
         ledger=None,
         insecure_noise_seed: int | None = None,
     ) -> None:
@@ -214,6 +236,9 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         self.min_range = min_range
         self.chunk_size = chunk_size
         self.n_init = n_init
+        self.kmeans_dims = kmeans_dims
+        self.n_probe = n_probe
+        self.n_jobs = n_jobs
         self.ledger = ledger
         self.insecure_noise_seed = insecure_noise_seed
 
@@ -232,6 +257,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             self.block_size,
             random_state=seed,
             n_init=self.n_init,
+            kmeans_dims=self.kmeans_dims,
             s_rule=self.s_rule,
             min_range=self.min_range,
             chunk_size=self.chunk_size,
@@ -262,22 +288,21 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         private = self.epsilon is not None
         X_noisy = self._release(X) if private else None
         recipe = self._recipe()
-        models, dp_rows, passes = [], {}, {}
-        for c, label in enumerate(self.classes_):
+
+        def fit_class(c: int) -> tuple[WideKAHM, np.ndarray | None, list[int | None] | None]:
             rows = y_idx == c
-            model, dp, n_passes = self._fit_class(
+            return self._fit_class(
                 recipe,
                 X[rows],
                 None if X_noisy is None else X_noisy[rows],
                 None if labels is None else labels[rows],
-                child_seed_sequence(root, PARTITION_STREAM, c),
-                self._wide(child_seed_sequence(root, MODEL_STREAM, c)),
+                self._wide(child_seed_sequence(root, PARTITION_STREAM, c)),
             )
-            models.append(model)
-            if private:
-                dp_rows[label] = dp
-            if recipe.fabricates:
-                passes[label] = n_passes
+
+        fitted = in_threads(fit_class, range(len(self.classes_)), self.n_jobs)
+        models = [model for model, _, _ in fitted]
+        dp_rows = {label: dp for label, (_, dp, _) in zip(self.classes_, fitted, strict=True)}
+        passes = {label: n for label, (_, _, n) in zip(self.classes_, fitted, strict=True)}
         with _distance_cache_lock:
             _distance_cache.pop(self, None)
         self.models_ = models
@@ -306,36 +331,21 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         X_c: np.ndarray,
         X_noisy_c: np.ndarray | None,
         part: np.ndarray | None,
-        partition_seed: np.random.SeedSequence,
         wide: WideKAHM,
     ) -> tuple[WideKAHM, np.ndarray | None, list[int | None] | None]:
         """The model of one class from its rows X_c (N_c, p) and noisy rows X⁺_c (N_c, p) or None.
 
         Returns the fitted ``wide``, the (N_c, p) DP rows it was built on (None when not
-        private) and the M̃ of each fabricated subset (None unless fabricated). Every branch is
-        one application of the per-cluster recipe (:meth:`TrainParams.fit_cluster
-        <kahm_dask.recipe.TrainParams.fit_cluster>`) to the branch's rows, like a task of the
-        Dask pipeline. Only fabrication without a given ``part`` differs: its Remark 4 subsets
-        come from a k-means of their own (``partition_seed``) and the branches from a k-means
-        of the fabricated rows (docs/algorithm.md#pipeline).
+        private) and the M̃ of each fabricated branch (None unless fabricated). As in the Dask
+        pipeline: one partition (``part``, or the k-means of ``wide`` on the noisy rows; on X_c
+        when not private or with ``cluster_on="original"``), whose parts are at once the
+        Remark 4 subsets and the branches, and one application of the per-cluster recipe
+        (:meth:`TrainParams.fit_cluster <kahm_dask.recipe.TrainParams.fit_cluster>`) per part
+        (docs/algorithm.md#pipeline).
         """
-        if part is None and recipe.fabricates:
-            fabricated, _, n_passes = fabricate_partitioned(
-                X_c,
-                X_noisy_c,
-                self.n_components,
-                r_source=self.r_source,
-                r_value=self.r_value,
-                cluster_on=self.cluster_on,
-                block_size=self.block_size,
-                s_rule=self.s_rule,
-                random_state=partition_seed,
-                max_passes=self.max_passes,
-                min_range=self.min_range,
-            )
-            return wide.fit(fabricated), fabricated, n_passes
         data = as_data_matrix(X_c if X_noisy_c is None else X_noisy_c, "X")
-        branch, ids = wide.branch_labels(data, part)
+        on_private = X_noisy_c is None or self.cluster_on == "original"
+        branch, ids = wide.branch_labels(X_c if on_private else data, part)
         fits = [
             recipe.fit_cluster(
                 data[branch == s],
@@ -348,7 +358,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         if not recipe.private:
             return model, None, None
         dp = np.empty_like(data)
-        for s, fit in zip(ids, fits):
+        for s, fit in zip(ids, fits, strict=True):
             dp[branch == s] = fit.dp_rows
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
 
@@ -405,11 +415,17 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     def _class_distances(self, X: np.ndarray) -> np.ndarray:
         out = np.empty((X.shape[0], len(self.models_)))
+        n_probe = self.n_probe
         # one cache/BLAS-sized block of rows through every class, branch and layer while it
-        # is hot; distances only (no image bookkeeping) — docs/performance.md
-        for rows in row_chunks(X.shape[0], min(self.chunk_size, EVAL_BLOCK_ROWS)):
+        # is hot; distances only (no image bookkeeping) — docs/performance.md. With routing,
+        # larger blocks, so that each branch meets enough of the rows that probe it.
+        block = min(self.chunk_size, EVAL_BLOCK_ROWS if n_probe is None else ROUTED_BLOCK_ROWS)
+
+        def one_block(rows: slice) -> None:
             for c, model in enumerate(self.models_):
-                out[rows, c] = model._distance_rows(X[rows])[0]
+                out[rows, c] = model._distance_rows(X[rows], n_probe=n_probe)[0]
+
+        in_threads(one_block, row_chunks(X.shape[0], block), self.n_jobs)
         return out
 
     def _predict_from_distances(self, D: np.ndarray) -> np.ndarray:

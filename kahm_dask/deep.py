@@ -19,11 +19,13 @@ from kahm_dask._batching import row_chunks
 from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows, check_positive_int
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, principal_subspace
 from kahm_dask.partition import (
+    KMEANS_DIMS,
     check_partition,
     default_min_cluster_size,
     kmeans_partition,
     n_branches,
 )
+from kahm_dask.routing import nearest_centres, rows_per_centre
 
 __all__ = ["DeepKAHM", "WideKAHM", "layer_dimensions"]
 
@@ -255,14 +257,24 @@ class WideKAHM(_BatchEvaluator):
         Seeds the k-means runs (one derived stream per attempt).
     min_cluster_size : int or None
         Default ``max(30, n + 2)``.
-    n_init : int, default=10
+    n_init : int, default=1
         k-means restarts.
+    kmeans_dims : int or None, default=50
+        The k-means runs on the rows' top ``kmeans_dims`` principal coordinates
+        (:func:`~kahm_dask.partition.kmeans_space`); None: on all features.
     s_rule, min_range, chunk_size : see above and :class:`KAHM`.
+    n_probe : int or None, default=None
+        Routing of :meth:`distance`: each query is evaluated on the ``n_probe`` branches whose
+        centres are nearest to it (:mod:`kahm_dask.routing`,
+        docs/algorithm.md#routing); None or ``n_probe ≥ S`` evaluates every branch (eq. 64
+        exactly). ``transform`` always evaluates every branch.
+
     Attributes
     ----------
     branches_ : list of S fitted :class:`DeepKAHM`
     n_branches_ : int, S after the minimum-cluster-size rule
     branch_sizes_ : (S,) rows per branch
+    centres_ : (S, p) mean of each branch's training rows (the routing centres)
     n_features_in_ : int, p
 
     Examples
@@ -299,10 +311,12 @@ class WideKAHM(_BatchEvaluator):
         random_state=None,
         *,
         min_cluster_size: int | None = None,
-        n_init: int = 10,
+        n_init: int = 1,
+        kmeans_dims: int | None = KMEANS_DIMS,
         s_rule: str = "round",
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
+        n_probe: int | None = None,
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
@@ -310,9 +324,11 @@ class WideKAHM(_BatchEvaluator):
         self.random_state = random_state
         self.min_cluster_size = min_cluster_size
         self.n_init = n_init
+        self.kmeans_dims = kmeans_dims
         self.s_rule = s_rule
         self.min_range = min_range
         self.chunk_size = chunk_size
+        self.n_probe = n_probe
 
     def _deep(self) -> DeepKAHM:
         return DeepKAHM(
@@ -333,6 +349,7 @@ class WideKAHM(_BatchEvaluator):
             min_cluster_size=self._min_cluster_size(),
             random_state=self.random_state,
             n_init=check_positive_int(self.n_init, "n_init"),
+            kmeans_dims=self.kmeans_dims,
         )
 
     def fit(self, Y, y=None, *, partition=None) -> "WideKAHM":
@@ -373,8 +390,35 @@ class WideKAHM(_BatchEvaluator):
         self.branches_ = list(branches)
         self.branch_sizes_ = np.array([np.count_nonzero(labels == s) for s in ids])
         self.n_branches_ = len(ids)
+        self.centres_ = np.stack([branch.layers_[0].mean_ for branch in self.branches_])
         self.n_features_in_ = self.branches_[0].n_features_in_
         return self
+
+    def distance(self, Yq) -> np.ndarray:
+        """Distances ``Γ_W(y)`` (m,) of the query rows ``Yq`` (m, p) (eq. 64), over the
+        ``n_probe`` nearest branches when routing is on."""
+        return self._distance_rows(self._validate_queries(Yq), n_probe=self.n_probe)[0]
+
+    def _distance_rows(self, Yq: np.ndarray, n_probe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Distances (m,) and selected branch (m,) of validated queries ``Yq`` (m, p).
+
+        ``n_probe`` None or ≥ S: every branch (the blocked exhaustive path). Otherwise each
+        branch is evaluated on the queries that probe it (:func:`~kahm_dask.routing.nearest_centres`)
+        and the minimum is taken over the probed branches only, in branch order (ties: the
+        lowest branch), docs/algorithm.md#routing.
+        """
+        if n_probe is None or n_probe >= self.n_branches_:
+            return super()._distance_rows(Yq)
+        gamma = np.full(Yq.shape[0], np.inf)
+        index = np.zeros(Yq.shape[0], dtype=np.int64)
+        probes = nearest_centres(Yq, self.centres_, n_probe)
+        for s, rows in enumerate(rows_per_centre(probes, self.n_branches_)):
+            if rows.size:
+                g = self.branches_[s]._distance_rows(Yq[rows])[0]
+                better = g < gamma[rows]
+                gamma[rows[better]] = g[better]
+                index[rows[better]] = s
+        return gamma, index
 
     def _block_into(self, yq: np.ndarray, best_g, best_img, best_s) -> None:
         """Every branch's deep output for one block of query rows; keep the nearest

@@ -104,6 +104,19 @@ PARAMS: dict[str, Param] = {
     "s_rule": Param((Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)"),
     "chunk_size": Param((_at_least(1),), "rows per block when a KAHM is evaluated (docs/algorithm.md#batched-evaluation)"),
     "n_init": Param((_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)"),
+    "kmeans_dims": Param(
+        (None, _at_least(1)),
+        "principal coordinates every k-means runs in; None: all features (docs/algorithm.md#kmeans-space)",
+    ),
+    "n_probe": Param(
+        (None, _at_least(1)),
+        "branches per class evaluated for a query, those with the nearest centres; None: all "
+        "(docs/algorithm.md#routing)",
+    ),
+    "n_jobs": Param(
+        (None, Integral),
+        "threads of fit and predict, one BLAS thread each (joblib convention: None 1, -1 all cores)",
+    ),
     "min_cluster_size": Param(
         (None, _at_least(1)),
         "smallest k-means part; None: max(30, n + 2) (docs/algorithm.md#decision-min-cluster-size)",

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from scipy.linalg import eigh
 from sklearn.cluster import KMeans
 
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
@@ -25,6 +26,8 @@ __all__ = [
     "ClusteringStep",
     "partition_with_min_size",
     "kmeans_partition",
+    "kmeans_space",
+    "KMEANS_DIMS",
     "check_partition",
     "cap_cluster_rows",
 ]
@@ -91,29 +94,64 @@ def partition_with_min_size(
     return np.zeros(n_rows, dtype=np.int64)
 
 
+#: Principal coordinates the k-means runs in by default (docs/algorithm.md#kmeans-space).
+KMEANS_DIMS = 50
+
+
+def kmeans_space(Y: np.ndarray, n_dims: int | None = KMEANS_DIMS) -> np.ndarray:
+    """The rows of ``Y`` (N, p) in their top ``n_dims`` principal coordinates → (N, n_dims), or
+    ``Y`` itself when ``n_dims`` is None or ``p ≤ n_dims`` (docs/algorithm.md#kmeans-space).
+
+    ``(Y − ȳ) V`` with V (p, n_dims) the top eigenvectors of ``(Y − ȳ)ᵀ(Y − ȳ)`` (``eigh`` of
+    the smaller Gram matrix, only the top ``n_dims`` pairs). Squared distances between rows
+    shrink by exactly their part outside the subspace, so k-means here optimises the full
+    objective up to the discarded variance, at ``n_dims / p`` of the cost per Lloyd step.
+
+    >>> Y = np.random.default_rng(0).normal(size=(200, 80))
+    >>> Z = kmeans_space(Y, 10)
+    >>> Z.shape, bool(np.allclose(Z.mean(axis=0), 0))
+    ((200, 10), True)
+    >>> kmeans_space(Y, 100) is Y
+    True
+    """
+    N, p = Y.shape
+    if n_dims is None or p <= n_dims:
+        return Y
+    Yc = Y - Y.mean(axis=0)
+    if p <= N:
+        _, V = eigh(Yc.T @ Yc, subset_by_index=[p - n_dims, p - 1], overwrite_a=True, check_finite=False)
+        return Yc @ V
+    k = min(n_dims, N)
+    w, U = eigh(Yc @ Yc.T, subset_by_index=[N - k, N - 1], overwrite_a=True, check_finite=False)
+    return U * np.sqrt(np.maximum(w, 0.0))  # = Yc V for the matching right singular vectors
+
+
 def kmeans_partition(
     Y: np.ndarray,
     n_clusters: int,
     *,
     min_cluster_size: int,
     random_state=None,
-    n_init: int = 10,
+    n_init: int = 1,
+    kmeans_dims: int | None = KMEANS_DIMS,
     max_iter: int = 10_000,
     tol: float = 1e-4,
 ) -> np.ndarray:
     """Cluster the rows of ``Y`` (N, p) into at most ``n_clusters`` parts
     (docs/algorithm.md#kmeans-partition).
 
-    scikit-learn's k-means++ ``KMeans`` inside :func:`partition_with_min_size`: attempt ``a``
+    scikit-learn's k-means++ ``KMeans`` (``n_init`` restarts) on :func:`kmeans_space`
+    ``(Y, kmeans_dims)``, inside :func:`partition_with_min_size`: attempt ``a``
     (S = n_clusters − a) seeds its k-means with the first word of ``child(seed, a)``.
     Returns (N,) int64 labels in ``0..S−1``; every part has at least ``min_cluster_size``
     rows unless S = 1.
     """
+    Z = kmeans_space(Y, kmeans_dims) if min(int(n_clusters), Y.shape[0]) > 1 else Y
 
     def step(S: int, attempt_seed: np.random.SeedSequence) -> np.ndarray:
         rs = int(attempt_seed.generate_state(1)[0])
         km = KMeans(S, init="k-means++", n_init=n_init, max_iter=max_iter, tol=tol, random_state=rs)
-        return km.fit_predict(Y)
+        return km.fit_predict(Z)
 
     return partition_with_min_size(
         Y.shape[0], n_clusters, step, min_cluster_size=min_cluster_size, seed=as_seed_sequence(random_state)

@@ -42,6 +42,7 @@ __all__ = [
     "save_cluster",
     "load_cluster",
     "cached_cluster",
+    "cluster_centre",
     "cluster_done",
     "write_manifest",
     "read_manifest",
@@ -150,6 +151,12 @@ def load_cluster(path: str | Path) -> DeepKAHM:
         arrays = {name: layer[name][...] for name in layer.array_keys()}
         states.append((arrays, scalars))
     return DeepKAHM.from_state(states, attrs["deep"])
+
+
+def cluster_centre(path: str | Path) -> np.ndarray:
+    """The routing centre (p,) of a stored cluster: the mean of its training rows (the first
+    layer's ``mean_``; every layer models the same rows), read without loading the model."""
+    return zarr.open_array(Path(path) / "layer0" / "mean", mode="r")[...]
 
 
 def cached_cluster(path: str) -> DeepKAHM:

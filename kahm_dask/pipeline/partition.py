@@ -1,9 +1,11 @@
-"""Per-class k-means partition with dask-ml on Zarr-backed dask arrays.
+"""Per-class k-means partition of Zarr-backed dask arrays.
 
 The rules of docs/algorithm.md#kmeans-partition are the core's
 (:func:`kahm_dask.partition.n_branches`, minimum cluster size, S ← S − 1 until every cluster is
-large enough; docs/algorithm.md#decision-pipeline-partition). The clustering scales to data
-larger than memory: k-means|| initial centres (:func:`scalable_kmeans_init`, with the weighted
+large enough; docs/algorithm.md#decision-pipeline-partition). A class whose k-means fits one
+task is partitioned there by the estimator's own code (principal coordinates, k-means++), so
+the pipeline and :class:`~kahm_dask.KAHMClassifier` give the same partition for the same rows
+and seed. A larger class is clustered out of core: k-means|| initial centres (:func:`scalable_kmeans_init`, with the weighted
 re-clustering step that dask-ml's own k-means|| leaves out), then
 ``dask_ml.cluster.KMeans(init=centres)`` for the Lloyd iterations. ``oversampling_factor``
 defaults to 2·K (dask-ml's default of 2 finds too few candidate centres for large K).
@@ -21,16 +23,20 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import dask
 import dask.array as da
 import numpy as np
 from dask_ml.cluster import KMeans
 from sklearn.cluster import kmeans_plusplus
 from sklearn.metrics import pairwise_distances_argmin_min
+from threadpoolctl import threadpool_limits
 
 from kahm_dask._random import child_seed_sequence
 from kahm_dask.partition import (
+    KMEANS_DIMS,
     cap_cluster_rows,
     default_min_cluster_size,
+    kmeans_partition,
     n_branches,
     partition_with_min_size,
 )
@@ -151,6 +157,24 @@ def partition_class(
     )
 
 
+#: Working memory of an in-task k-means in units of the class's float64 rows: the rows, their
+#: centred copy for the principal coordinates, and slack for the projected rows and k-means.
+IN_TASK_FACTOR = 3
+
+
+def _partition_in_task(
+    Xc: np.ndarray, n_clusters: int, min_cluster_size: int, seed: np.random.SeedSequence,
+    n_init: int, kmeans_dims: int | None,
+) -> np.ndarray:
+    """The estimator's k-means partition (:func:`~kahm_dask.partition.kmeans_partition`) of one
+    class's rows (N_c, p), run inside one task with one BLAS/OpenMP thread."""
+    with threadpool_limits(limits=1):
+        return kmeans_partition(
+            np.asarray(Xc, dtype=np.float64), n_clusters, min_cluster_size=min_cluster_size,
+            random_state=seed, n_init=n_init, kmeans_dims=kmeans_dims,
+        )
+
+
 def partition_classes(
     X_by_class: da.Array,
     class_bounds: Sequence[tuple[int, int, int]],
@@ -160,6 +184,9 @@ def partition_classes(
     s_rule: str,
     min_cluster_size: int | None,
     seed: np.random.SeedSequence,
+    n_init: int = 1,
+    kmeans_dims: int | None = KMEANS_DIMS,
+    task_bytes: int = 0,
     oversampling_factor: float | None = None,
     init_max_iter: int = 5,
     max_iter: int = 100,
@@ -172,19 +199,33 @@ def partition_classes(
     ``class_bounds``; :func:`~kahm_dask.pipeline.layout.class_layout`).
 
     Returns (N,) int64 labels in the copy's row order; class code c uses the seed
-    ``child(seed, c)`` and its rows get labels 0..S_c − 1. A class whose rows take at most
-    ``persist_bytes`` is held in (worker) memory while its k-means runs, so the Lloyd
-    iterations do not re-read it from Zarr; classes run concurrently only as far as their
-    held rows fit ``persist_bytes`` together. With ``max_cluster_rows``, a cluster larger than
-    that is split (:func:`~kahm_dask.partition.cap_cluster_rows`), which bounds the memory of
-    every training task.
+    ``child(seed, c)`` and its rows get labels 0..S_c − 1. A class whose k-means fits one
+    task (``IN_TASK_FACTOR`` × its float64 rows ≤ ``task_bytes``) is partitioned in one task
+    by the estimator's own rule (:func:`~kahm_dask.partition.kmeans_partition` with ``n_init``
+    and ``kmeans_dims``: the same labels as :class:`~kahm_dask.KAHMClassifier` for the same
+    rows and seed). A larger class is partitioned out of core by :func:`partition_class`
+    (k-means‖ + dask-ml); one whose rows take at most ``persist_bytes`` is held in worker
+    memory while its Lloyd iterations run, and such classes run concurrently only as far as
+    their held rows fit ``persist_bytes`` together. With ``max_cluster_rows``, a cluster larger
+    than that is split (:func:`~kahm_dask.partition.cap_cluster_rows`), which bounds the memory
+    of every training task.
     """
     labels = np.zeros(X_by_class.shape[0], dtype=np.int64)
     mcs = min_cluster_size or default_min_cluster_size(n_components)
     row_bytes = X_by_class.dtype.itemsize * X_by_class.shape[1]
     jobs = [(c, a, b, n_branches(b - a, block_size, s_rule)) for c, a, b in class_bounds]
     jobs = [job for job in jobs if job[3] > 1]
-    held = [(b - a) * row_bytes for _, a, b, _ in jobs if (b - a) * row_bytes <= persist_bytes]
+    in_task = [job for job in jobs if IN_TASK_FACTOR * (job[2] - job[1]) * 8 * X_by_class.shape[1] <= task_bytes]
+    out_of_core = [job for job in jobs if job not in in_task]
+    if in_task:
+        tasks = [
+            dask.delayed(_partition_in_task, pure=True)(X_by_class[a:b], S, mcs, child_seed_sequence(seed, c),
+                                                        n_init, kmeans_dims)
+            for c, a, b, S in in_task
+        ]
+        for (_, a, b, _), part in zip(in_task, dask.compute(*tasks), strict=True):
+            labels[a:b] = part
+    held = [(b - a) * row_bytes for _, a, b, _ in out_of_core if (b - a) * row_bytes <= persist_bytes]
     concurrency = max_concurrent_classes if not held else persist_bytes // max(held)
 
     def one_class(job: tuple[int, int, int, int]) -> None:
@@ -204,8 +245,8 @@ def partition_classes(
 
     # Classes are independent: fitting them concurrently overlaps dask-ml's per-iteration
     # scheduling latency (each Lloyd step is a small graph). Results do not depend on order.
-    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), concurrency, max_concurrent_classes))) as pool:
-        list(pool.map(one_class, jobs))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(out_of_core), concurrency, max_concurrent_classes))) as pool:
+        list(pool.map(one_class, out_of_core))
     for _, a, b in class_bounds:
         labels[a:b] = cap_cluster_rows(labels[a:b], max_cluster_rows)
     return labels

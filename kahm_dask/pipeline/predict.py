@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dask
 import dask.array as da
 import numpy as np
 import zarr
@@ -19,7 +20,8 @@ from threadpoolctl import threadpool_limits
 from kahm_dask._atomic import atomic_directory
 from kahm_dask._validation import check_finite_rows
 from kahm_dask.pipeline.cluster import compute
-from kahm_dask.pipeline.modelstore import cached_cluster, cluster_dir, read_manifest
+from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_dir, read_manifest
+from kahm_dask.routing import nearest_centres
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
 
@@ -44,43 +46,84 @@ def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
     return check_finite_rows(np.asarray(x, dtype=np.float64), "X", offset)
 
 
-def class_distance_array(model_path: str | Path, X: da.Array) -> da.Array:
-    """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p)."""
+def _cluster_centres(paths: list[str]) -> np.ndarray:
+    """Routing centres (S, p) of the clusters at ``paths`` (run in a task: the client never
+    reads the model store)."""
+    return np.stack([cluster_centre(path) for path in paths])
+
+
+def _probe_block(x: np.ndarray, centres: np.ndarray, n_probe: int) -> np.ndarray:
+    """(m, n_probe) indices of the clusters whose centres are nearest to each row of ``x``."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return nearest_centres(x, centres, n_probe)
+
+
+def _routed_cluster_block(x: np.ndarray, probes: np.ndarray, s: int, path: str) -> np.ndarray:
+    """Γ (m,) of the rows of ``x`` that probe cluster ``s`` (:func:`_cluster_block`), +∞ for the
+    others; the model is not loaded when no row probes it."""
+    out = np.full(x.shape[0], np.inf)
+    rows = np.flatnonzero((probes == s).any(axis=1))
+    if rows.size:
+        out[rows] = _cluster_block(x[rows], path)
+    return out
+
+
+def class_distance_array(model_path: str | Path, X: da.Array, *, n_probe: int | None = None) -> da.Array:
+    """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p).
+
+    ``n_probe`` routes (docs/algorithm.md#routing): per class, each row is evaluated on the
+    ``n_probe`` clusters whose centres are nearest to it and the minimum is over those; None or
+    ``n_probe ≥`` a class's clusters evaluates all of them (the same graph as before).
+    """
     manifest = read_manifest(model_path)
     if X.ndim != 2 or X.shape[1] != manifest["n_features"]:
         raise ValueError(
             f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
         )
     X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
-    per_class: dict[int, list[da.Array]] = {}
+    paths: dict[int, list[str]] = {}
     for entry in manifest["clusters"]:
-        c, s = entry["class"], entry["cluster"]
-        path = str(cluster_dir(model_path, c, s))
-        # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
-        # loads every cluster model in the client while the graph is built
-        block = X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
-                             token=f"kahm-dist-c{c}-s{s}")
-        per_class.setdefault(c, []).append(block)
-    columns = [
-        blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0)
-        for _, blocks in sorted(per_class.items())
-    ]
+        paths.setdefault(entry["class"], []).append(str(cluster_dir(model_path, entry["class"], entry["cluster"])))
+    columns = []
+    for c, class_paths in sorted(paths.items()):
+        routed = n_probe is not None and n_probe < len(class_paths)
+        if routed:
+            centres = dask.delayed(_cluster_centres, pure=True)(class_paths)
+            probes = X.map_blocks(_probe_block, centres, n_probe, dtype=np.int64,
+                                  chunks=(X.chunks[0], (n_probe,)), meta=np.empty((0, 0), dtype=np.int64))
+        blocks = [
+            # meta given: otherwise dask calls the function on an empty block to infer it, which
+            # loads every cluster model in the client while the graph is built
+            da.map_blocks(_routed_cluster_block, X, probes, s, path, drop_axis=1, dtype=np.float64,
+                          meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}")
+            if routed else
+            X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+                         token=f"kahm-dist-c{c}-s{s}")
+            for s, path in enumerate(class_paths)
+        ]
+        columns.append(blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0))
     # one chunk across classes, so every Zarr chunk is written by exactly one task
     return da.stack(columns, axis=1).rechunk({1: -1})
 
 
 def predict_to_store(
-    model_path: str | Path, X: da.Array, out_path: str | Path, client=None, *, progress: bool = False
+    model_path: str | Path,
+    X: da.Array,
+    out_path: str | Path,
+    client=None,
+    *,
+    progress: bool = False,
+    n_probe: int | None = None,
 ) -> zarr.Group:
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler. Written under a temporary name and renamed into place when complete
+    scheduler; ``n_probe`` routes as in :func:`class_distance_array`. Written under a temporary name and renamed into place when complete
     (:func:`kahm_dask._atomic.atomic_directory`): a failed job leaves the previous predictions
     untouched. Returns the written group, whose attributes hold ``classes`` (the labels the
     codes index).
     """
-    D = class_distance_array(model_path, X)
+    D = class_distance_array(model_path, X, n_probe=n_probe)
     codes = D.argmin(axis=1).astype(np.int64)
     out = Path(out_path)
     with atomic_directory(out) as tmp:

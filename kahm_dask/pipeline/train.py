@@ -12,10 +12,12 @@ Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
    before any noise is drawn.
 2. A class-grouped copy of X_noisy (and of X where a setting reads the private rows)
    (:mod:`~kahm_dask.pipeline.layout`), so each class is one contiguous slice.
-3. Per-class k-means (k-means|| centres, then dask-ml's Lloyd iterations; ``child(root, 1, c)``
-   of the public ``seed``) on the noisy rows (or, with ``cluster_on="original"``, which leaks,
-   the private ones), a class held in worker memory while it fits
-   ``kmeans_persist_fraction`` of the workers' memory.
+3. Per-class k-means (``child(root, 1, c)`` of the public ``seed``) on the noisy rows (or, with
+   ``cluster_on="original"``, which leaks, the private ones): in one task with the estimator's
+   own k-means when the class fits ``kmeans_persist_fraction`` of a worker's memory, else out
+   of core (k-means|| centres, then dask-ml's Lloyd iterations), the class held in worker
+   memory while it fits that fraction of the workers' memory
+   (:func:`~kahm_dask.pipeline.partition.partition_classes`).
 4. A cluster-grouped copy, built from the class-grouped one: rows ordered by (class, cluster),
    original order within a cluster, so each task reads one contiguous slice.
 5. One task per (class, cluster) (:func:`~kahm_dask.pipeline.tasks.train_cluster`); finished
@@ -45,11 +47,12 @@ from kahm_dask import __version__
 from kahm_dask._atomic import write_json_atomic
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
-from kahm_dask.classifier import MODEL_STREAM, PARTITION_STREAM
+from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.pipeline.data import store_bounds
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.modelstore import write_manifest
+from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.store import DatasetStore, StoreError, is_complete, mark_complete
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
@@ -94,6 +97,8 @@ class TrainSettings:
     s_rule: str = "round"
     min_cluster_size: int | None = None
     cluster_on: str = "noisy"
+    n_init: int = 1
+    kmeans_dims: int | None = KMEANS_DIMS
     oversampling_factor: float | None = None
     init_max_iter: int = 5
     kmeans_max_iter: int = 100
@@ -292,11 +297,14 @@ def train_pipeline(
             s_rule=settings.s_rule,
             min_cluster_size=settings.min_cluster_size,
             seed=child_seed_sequence(root, PARTITION_STREAM),
+            n_init=settings.n_init,
+            kmeans_dims=settings.kmeans_dims,
+            task_bytes=_memory_share(settings.kmeans_persist_fraction, client, min),
             oversampling_factor=settings.oversampling_factor,
             init_max_iter=settings.init_max_iter,
             max_iter=settings.kmeans_max_iter,
             max_cluster_rows=settings.max_cluster_rows,
-            persist_bytes=_persist_bytes(settings.kmeans_persist_fraction, client),
+            persist_bytes=_memory_share(settings.kmeans_persist_fraction, client),
         )
     else:
         labels = np.asarray(partition, dtype=np.int64)
@@ -340,7 +348,7 @@ def train_pipeline(
             "n_features": store.n_features,
             "params": params.to_dict(),
             "seed": seed,  # k-means only; the noise never depends on it
-            "seed_streams": {"partition": [PARTITION_STREAM], "model": [MODEL_STREAM]},
+            "seed_streams": {"partition": [PARTITION_STREAM]},
             "block_size": settings.block_size,
             "cluster_on": settings.cluster_on if params.private else None,
             "privacy": None if privacy is None else {
@@ -382,15 +390,16 @@ def _trim_memory() -> int:
         return 0
 
 
-def _persist_bytes(fraction: float, client) -> int:
-    """The memory a class's rows may take while held for its k-means: ``fraction`` of the
-    workers' total memory limit (with a client), or of the available memory (threads)."""
+def _memory_share(fraction: float, client, combine=sum) -> int:
+    """``fraction`` of the workers' memory limits combined by ``combine`` (``sum``: the memory
+    a class's rows may take while held for its k-means; ``min``: what one in-task k-means may
+    use), or of the available memory without a client (threads)."""
     if fraction <= 0:
         return 0
     if client is not None:
         limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
         if limits and all(limits):
-            return int(fraction * sum(limits))
+            return int(fraction * combine(limits))
     import psutil
 
     return int(fraction * psutil.virtual_memory().available)

@@ -24,6 +24,7 @@ from kahm_dask._validation import as_data_matrix, check_n_rows, check_positive_i
 from kahm_dask.kahm import KAHM
 from kahm_dask.params import PARAMS, check_params
 from kahm_dask.partition import (
+    KMEANS_DIMS,
     check_partition,
     default_min_cluster_size,
     kmeans_partition,
@@ -151,6 +152,8 @@ def fabricate_partitioned(
     random_state=None,
     max_passes: int = 100,
     min_range: float | None = 1e-3,
+    n_init: int = 1,
+    kmeans_dims: int | None = KMEANS_DIMS,
 ) -> tuple[np.ndarray, np.ndarray, list[int | None]]:
     """Big-data fabrication of Remark 4: fabricate each k-means subset on its own.
 
@@ -161,7 +164,8 @@ def fabricate_partitioned(
     r_source : "passes" (a fixed M̃ = r_value, default :data:`DEFAULT_PASSES`), "threshold"
     (``r_s = r_value · N_s``, a public per-row error) or "private" (``r_s`` from the subset's
     original rows, the paper; leaks).
-    partition : optional (N,) labels replacing the k-means step.
+    partition : optional (N,) labels replacing the k-means step; n_init, kmeans_dims: that
+    step's settings (:func:`~kahm_dask.partition.kmeans_partition`).
 
     Returns Ỹ (N, p) with row i fabricated from row i of Y_noisy, the (N,) subset labels and
     the M̃ of each subset (None where r was not reached).
@@ -178,6 +182,8 @@ def fabricate_partitioned(
             S,
             min_cluster_size=min_cluster_size or default_min_cluster_size(n_components),
             random_state=random_state,
+            n_init=n_init,
+            kmeans_dims=kmeans_dims,
         )
         ids = np.unique(labels)
     else:

@@ -58,7 +58,7 @@ def _assert_same_deep(a: DeepKAHM, b: DeepKAHM) -> None:
     """Bit-identical fitted state (every stored array and scalar) and parameters."""
     (states_a, meta_a), (states_b, meta_b) = a.to_state(), b.to_state()
     assert meta_a == meta_b and len(states_a) == len(states_b)
-    for (arr_a, sc_a), (arr_b, sc_b) in zip(states_a, states_b):
+    for (arr_a, sc_a), (arr_b, sc_b) in zip(states_a, states_b, strict=True):
         assert sc_a == sc_b
         assert all(arr_a[k].tobytes() == arr_b[k].tobytes() for k in arr_a)
 
@@ -124,7 +124,7 @@ def test_per_branch_recipe_equals_remark4_then_wide_fit(fitted, name):
             fab, _, passes = fabricate_partitioned(X[rows], noisy[c], 3, partition=part[rows], **kw)
         wide = WideKAHM(3, 2, 30).fit(fab, partition=part[rows])
         assert fab.tobytes() == clf.dp_data_[c].tobytes() and passes == clf.fabrication_passes_[c]
-        for a, b in zip(wide.branches_, clf.models_[c].branches_):
+        for a, b in zip(wide.branches_, clf.models_[c].branches_, strict=True):
             _assert_same_deep(a, b)
 
 
@@ -172,7 +172,7 @@ def test_wide_assemble_equals_fit():
     assert built.branches_[1] is branches[1] and built.n_branches_ == 2
     np.testing.assert_array_equal(built.branch_sizes_, wide.branch_sizes_)
     Q = np.random.default_rng(2).uniform(size=(50, 5))
-    for a, b in zip(built.transform_with_distance(Q), wide.transform_with_distance(Q)):
+    for a, b in zip(built.transform_with_distance(Q), wide.transform_with_distance(Q), strict=True):
         assert a.tobytes() == b.tobytes()
     with pytest.raises(ValueError, match="1 branches for a partition into 2 parts"):
         WideKAHM(3, 2).assemble(branches[:1], part)
@@ -241,7 +241,7 @@ def test_kmeans_partition_is_the_rule_around_sklearn_kmeans():
                       random_state=int(seed.generate_state(1)[0])).fit_predict(Y)
 
     expected = partition_with_min_size(len(Y), 3, step, min_cluster_size=30, seed=np.random.SeedSequence(4))
-    got = kmeans_partition(Y, 3, min_cluster_size=30, random_state=4)
+    got = kmeans_partition(Y, 3, min_cluster_size=30, random_state=4, n_init=10)
     np.testing.assert_array_equal(got, expected)
     assert np.bincount(got).tolist() in ([80, 88], [88, 80])
 

@@ -1,0 +1,56 @@
+"""Routing: evaluate each query on the ``n_probe`` branches whose centres are nearest to it.
+
+A wide KAHM's distance is a minimum over its S branches (eq. 64), and every branch costs
+O(N_b · (n + p)) per query, so an exhaustive prediction grows with S. The branches are k-means
+clusters, so the branch of minimum Γ is almost always among those whose centre (the mean of
+its training rows) is nearest to the query. Routing computes the squared Euclidean distances
+from the queries to the S centres, one (m, S) GEMM of O(m · S · p), keeps the ``n_probe``
+nearest per query and evaluates each branch only on the queries that probe it
+(docs/algorithm.md#routing). The per-query cost is then O(S · p + n_probe · N_b · (n + p)),
+nearly flat in S. With ``n_probe ≥ S`` callers take the exhaustive path, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["nearest_centres", "rows_per_centre"]
+
+
+def nearest_centres(Yq: np.ndarray, centres: np.ndarray, n_probe: int) -> np.ndarray:
+    """Indices (m, k) of the ``k = min(n_probe, S)`` centres nearest to each query.
+
+    Yq : (m, p) queries; centres : (S, p). Distances are ``‖y‖² − 2 y·c + ‖c‖²`` (the
+    ``‖y‖²`` term is common to a row and dropped). Each row's indices come in increasing
+    distance, equal distances by increasing index; a tie at the k-th place is cut by
+    ``np.argpartition`` (deterministic).
+
+    >>> C = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 3.0]])
+    >>> nearest_centres(np.array([[9.0, 0.0], [0.0, 2.0]]), C, 2).tolist()
+    [[1, 0], [2, 0]]
+    """
+    S = centres.shape[0]
+    k = min(int(n_probe), S)
+    score = np.einsum("ij,ij->i", centres, centres)[None, :] - 2.0 * (Yq @ centres.T)  # (m, S)
+    if k == S:
+        return np.argsort(score, axis=1, kind="stable")
+    part = np.argpartition(score, k - 1, axis=1)[:, :k]
+    # order the k kept ones by (distance, index) so ties keep the lower index
+    kept = np.take_along_axis(score, part, axis=1)
+    order = np.lexsort((part, kept), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
+def rows_per_centre(probes: np.ndarray, n_centres: int) -> list[np.ndarray]:
+    """For each centre s, the sorted query rows (int64) whose probe list contains s.
+
+    probes : (m, k) centre indices from :func:`nearest_centres` (distinct within a row).
+
+    >>> [r.tolist() for r in rows_per_centre(np.array([[1, 0], [2, 0]]), 3)]
+    [[0, 1], [0], [1]]
+    """
+    m, k = probes.shape
+    flat = probes.ravel()
+    order = np.argsort(flat, kind="stable")  # stable: rows stay sorted within a centre
+    splits = np.cumsum(np.bincount(flat, minlength=n_centres))[:-1]
+    return np.split(order // k, splits)
