@@ -166,7 +166,7 @@ class PeakTreeRSS:
                 pass
         return total / 2**20
 
-    def __enter__(self) -> "PeakTreeRSS":
+    def __enter__(self) -> PeakTreeRSS:
         import threading
 
         self._stop = threading.Event()

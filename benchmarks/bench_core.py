@@ -9,13 +9,14 @@ are measured in the same run, on the same split, with the same fixed BLAS thread
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
-from benchmarks._harness import blas_threads, machine_facts, markdown_table, timed, write_report
 import kahm_dask.classifier
+from benchmarks._harness import blas_threads, machine_facts, markdown_table, timed, write_report
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
 
@@ -31,8 +32,8 @@ def models():
 def run_dataset(name: str, split, repeat: int) -> list[list[object]]:
     rows, base = [], None
     for label, make in models().items():
-        fit_s, model = timed(lambda: make().fit(split.X_train, split.y_train), repeat)
-        pred_s, pred = timed(lambda: model.predict(split.X_test), repeat)
+        fit_s, model = timed(lambda make=make: make().fit(split.X_train, split.y_train), repeat)
+        pred_s, pred = timed(partial(model.predict, split.X_test), repeat)
         acc = float(np.mean(pred == split.y_test))
         if base is None:
             base = (fit_s, pred_s)

@@ -64,7 +64,7 @@ def evaluate(model, data: Split, sites: list[np.ndarray] | None = None) -> tuple
     if isinstance(model, FederatedClassifier):
         acc = float(np.mean(model.predict(data.X_test) == data.y_test))
         aucs = []
-        for site, rows in zip(model.sites, sites):
+        for site, rows in zip(model.sites, sites, strict=True):
             test = data.X_test[np.isin(data.y_test, data.y_train[rows])]
             aucs.append(membership_attack_from_distances(
                 site.answer(data.X_train[rows]).min_distance, site.answer(test).min_distance).auc)
@@ -116,7 +116,7 @@ def table_row(name: str, privacy: str, split: str, options: dict, n_sites: int, 
     label = split + "".join(f" ({k}={v})" for k, v in options.items())
     if runs is None:
         return [name, privacy, label, n_sites, "–", "–", "–", "n/a (see below)", "–"]
-    het, central, fed, auc = (np.array(v) for v in zip(*runs))
+    het, central, fed, auc = (np.array(v) for v in zip(*runs, strict=True))
     return [name, privacy, label, n_sites, pm(het, "{:.2f}"), pm(central), pm(fed),
             pm(100 * (central - fed), "{:+.1f}"), pm(auc)]
 

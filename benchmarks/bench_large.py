@@ -85,7 +85,9 @@ def main(argv=None) -> None:
         with sampler.sample("cluster", interval=1.0):
             metrics = run_pipeline(cfg, client, progress=False)
         peaks = client.run(_peak_rss_mib)
-        removed = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins["kahm-worker-losses"].removed))
+        removed = client.run_on_scheduler(
+            lambda dask_scheduler: list(dask_scheduler.plugins["kahm-worker-losses"].removed)
+        )
         series = sampler.to_pandas()
     total_s = time.perf_counter() - t0
     rows = [

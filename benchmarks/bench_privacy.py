@@ -43,6 +43,7 @@ import os
 import time
 import tracemalloc
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -285,7 +286,7 @@ def run_mnist(seeds, eps: float, layers: int, budget_min: float, attack_rows: in
             continue
         clf = KAHMClassifier(N_COMP, L, BLOCK, random_state=seed, **(kw or {}))
         fit_s, clf = fit_quiet(clf, Xtr, ytr)
-        pred_s, pred = timed(lambda: clf.predict(Xte))
+        pred_s, pred = timed(partial(clf.predict, Xte))
         at = membership_attack(clf, Xtr, Xte, max_train_rows=attack_rows, random_state=seed)
         rows.append(
             {
@@ -416,7 +417,7 @@ def run_noise(repeat: int, opendp_entries: int) -> dict:
             (f"OpenDP {version('opendp')} vector Laplace, integers (grey levels)", m_int, grey),
             (f"OpenDP {version('opendp')} vector Laplace, floats", m_float, floats),
         ):
-            w, c, _ = one(lambda: meas(data))
+            w, c, _ = one(partial(meas, data))
             rows.append({"what": what, "entries": n, "measured_entries": len(data),
                          "wall_s": w * n / len(data), "cpu_s": c * n / len(data)})
     except ImportError:
@@ -604,7 +605,7 @@ mean ± sd (load average 8.1 → 6.7, 89 s).
 MNIST (tanh(pixel/255) features, fabricated, ε = 1, L = 5, one run each, same old code):
 `benchmarks/results/perf_mnist.md` measured accuracy 0.9258 (d = 1, bounds not used, δ = 1e-5,
 private r: M̃ = 2–5); the measurements behind the issue "Privacy that holds" gave 0.9286 with d = 1
-(attack AUC 0.501) and 0.9453 with d = 0.7616, the width of [0, tanh 1] (attack AUC 0.500)."""
+(attack AUC 0.501) and 0.9453 with d = 0.7616, the width of [0, tanh 1] (attack AUC 0.500)."""  # noqa: E501 - table rows kept whole
 
 SETTINGS = f"""Split: stratified 70/30, split seed {SPLIT_SEED} (digits, breast cancer); MNIST's own 60 000 / 10 000
 split. Model: n = {N_COMP}, L = {N_LAYERS} (MNIST: see its table), N_b = {BLOCK}. DP seeds are the

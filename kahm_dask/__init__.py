@@ -6,10 +6,10 @@ The core (this namespace) is pure NumPy/SciPy/scikit-learn; the Dask pipeline li
 
 from kahm_dask.classifier import KAHMClassifier, class_matching_scores
 from kahm_dask.deep import DeepKAHM, WideKAHM
-from kahm_dask.kahm import KAHM, DegenerateWeightsWarning
-from kahm_dask.regularization import LambdaFixedPoint, solve_lambda
 from kahm_dask.federated import FederatedClassifier, Site, SiteAnswer, combine, split_sites
-from kahm_dask.privacy import PrivacyLedger, PrivacyLeakWarning
+from kahm_dask.kahm import KAHM, DegenerateWeightsWarning
+from kahm_dask.privacy import PrivacyLeakWarning, PrivacyLedger
+from kahm_dask.regularization import LambdaFixedPoint, solve_lambda
 
 __all__ = [
     "KAHM",

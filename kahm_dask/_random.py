@@ -10,13 +10,12 @@ spawning its siblings, so a distributed worker can rebuild exactly the stream it
 from __future__ import annotations
 
 import numbers
-from typing import Union
 
 import numpy as np
 
 __all__ = ["RandomState", "as_generator", "as_seed_sequence", "child_seed_sequence"]
 
-RandomState = Union[None, int, np.random.SeedSequence, np.random.Generator]
+RandomState = None | int | np.random.SeedSequence | np.random.Generator
 
 _ENTROPY_WORDS = 4  # 128 bits of entropy when a seed sequence is drawn from a Generator
 

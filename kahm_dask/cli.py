@@ -25,9 +25,11 @@ log = logging.getLogger("kahm_dask")
 
 
 def _cluster_options(f):
-    f = click.option("--memory-limit", default="auto", show_default=True, help="Per-worker memory limit of the LocalCluster, e.g. 2GiB.")(f)
+    f = click.option("--memory-limit", default="auto", show_default=True,
+                     help="Per-worker memory limit of the LocalCluster, e.g. 2GiB.")(f)
     f = click.option("--n-workers", type=int, default=2, show_default=True, help="Workers of the LocalCluster.")(f)
-    f = click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A cluster_configs/*.yaml file.")(f)
+    f = click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="A cluster_configs/*.yaml file.")(f)
     f = click.option("--scheduler", help="Address of a running Dask scheduler, e.g. tcp://127.0.0.1:8786.")(f)
     return f
 
@@ -147,17 +149,20 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 @main.command()
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--work", type=click.Path(path_type=Path), help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
+@click.option("--work", type=click.Path(path_type=Path),
+              help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
 @click.option("--n-components", type=_param_type("n_components"), default=20, show_default=True)
 @click.option("--n-layers", type=_param_type("n_layers"), default=5, show_default=True)
 @click.option("--block-size", type=_param_type("block_size"), default=1000, show_default=True)
-@click.option("--epsilon", type=_param_type("epsilon"), help="Privacy-loss bound ε per entry; omit for a non-private model.")
+@click.option("--epsilon", type=_param_type("epsilon"),
+              help="Privacy-loss bound ε per entry; omit for a non-private model.")
 @click.option("--delta", type=_param_type("delta"), default=0.0, show_default=True, help="δ; 0 is pure ε-DP.")
 @click.option("--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
               help="Public bounds of every feature of STORE, known without looking at the data; entries are "
                    "clipped to them before noise. Default: the store's public feature range, else each "
                    "feature's min/max (private: warns, and the privacy statement says so).")
-@click.option("--d", "d", type=_param_type("d"), default=None, help="Adjacency bound (largest change of one entry covered). Default: the bound width.")
+@click.option("--d", "d", type=_param_type("d"), default=None,
+              help="Adjacency bound (largest change of one entry covered). Default: the bound width.")
 @click.option("--dp-data", type=_param_type("dp_data"), default="fabricated", show_default=True)
 @click.option("--r-source", type=_param_type("r_source"), default="passes", show_default=True,
               help="Stopping rule of the fabrication; 'private' (the paper's r from the private rows) leaks.")
@@ -167,7 +172,9 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
               help="Rows the k-means partition runs on; 'original' (the private rows) leaks.")
 @click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
               help="Privacy budget of STORE's ledger: refuse a release that would take the total beyond it.")
-@click.option("--seed", type=_param_type("random_state"), default=None, help="Seed of the k-means steps (not secret: the noise never depends on it). Default: drawn once and kept in the work directory.")
+@click.option("--seed", type=_param_type("random_state"), default=None,
+              help="Seed of the k-means steps (not secret: the noise never depends on it). "
+                   "Default: drawn once and kept in the work directory.")
 @_cluster_options
 def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data,
           r_source, r_value, cluster_on, budget, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
@@ -179,8 +186,8 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.store import open_dataset
-    from kahm_dask.recipe import TrainParams
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+    from kahm_dask.recipe import TrainParams
 
     try:
         if r_value is not None and r_value.is_integer():
@@ -270,7 +277,8 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 @main.command()
 @click.argument("pipeline", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--scheduler", help="Address of a running Dask scheduler (overrides the file).")
-@click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A cluster_configs/*.yaml file (overrides the file).")
+@click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A cluster_configs/*.yaml file (overrides the file).")
 @click.option("--output", type=click.Path(path_type=Path), help="Run directory (overrides the file).")
 @click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
               help="Privacy budget of the training data's ledger (overrides privacy.budget).")

@@ -54,7 +54,7 @@ class MinMaxRange(NamedTuple):
     width: np.ndarray
 
     @classmethod
-    def fit(cls, X: np.ndarray) -> "MinMaxRange":
+    def fit(cls, X: np.ndarray) -> MinMaxRange:
         low, high = X.min(axis=0), X.max(axis=0)
         return cls(low, np.where(high > low, high - low, 1.0))
 

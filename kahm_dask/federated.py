@@ -255,7 +255,7 @@ class FederatedClassifier:
         return FederatedMembership(tuple(
             site_membership_evaluation(site, rows, X_test, max_train_rows=max_train_rows,
                                        random_state=random_state, **lsdd_kwargs)
-            for site, rows in zip(self.sites, site_train)
+            for site, rows in zip(self.sites, site_train, strict=True)
         ))
 
 

@@ -262,7 +262,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.lambda_max_iter = lambda_max_iter
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, Y, y=None) -> "KAHM":
+    def fit(self, Y, y=None) -> KAHM:
         """Fit the KAHM to the samples ``Y`` (N, p), one sample per row."""
         self._fit(Y)
         return self
@@ -406,7 +406,9 @@ class KAHM(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------ serialisation
     _STATE_ARRAYS = ("mean_", "components_", "explained_variance_", "codes_", "beta_", "kernel_eigenvalues_")
-    _STATE_SCALARS = ("n_components_", "lambda_", "e_hat_", "n_iter_", "n_samples_fit_", "n_features_in_", "training_error_")
+    _STATE_SCALARS = (
+        "n_components_", "lambda_", "e_hat_", "n_iter_", "n_samples_fit_", "n_features_in_", "training_error_"
+    )
 
     def to_state(self) -> tuple[dict[str, np.ndarray], dict[str, float | int]]:
         """The fitted state as arrays and scalars, for storage (no I/O here).
@@ -421,7 +423,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         return arrays, {**scalars, "params": self.get_params()}
 
     @classmethod
-    def from_state(cls, arrays: dict[str, np.ndarray], scalars: dict) -> "KAHM":
+    def from_state(cls, arrays: dict[str, np.ndarray], scalars: dict) -> KAHM:
         """Rebuild a fitted KAHM from :meth:`to_state` output; evaluates bit-identically."""
         scalars = dict(scalars)
         model = cls(**scalars.pop("params"))

@@ -69,7 +69,7 @@ def test_sites_equal_to_centralised_branches_give_identical_predictions(digits):
     assert central.n_branches_.min() >= 2
 
     sites = []
-    for c, wide in zip(central.classes_, central.models_):
+    for c, wide in zip(central.classes_, central.models_, strict=True):
         for s, branch in enumerate(wide.branches_):
             rows = (y == c) & (labels == np.unique(labels[y == c])[s])
             local = KAHMClassifier(N_COMP, N_LAYERS, block_size=40).fit(
@@ -241,7 +241,7 @@ def test_split_covers_all_rows_disjointly_with_valid_shares(digits, scheme, n_si
     assert ((counts == 0) | (counts >= MIN_ROWS_PER_CLASS)).all()
     assert (counts.sum(axis=1) > 0).all()
     again = split_sites(y, n_sites, scheme, random_state=0, **kw)
-    assert all(np.array_equal(a, b) for a, b in zip(sites, again))
+    assert all(np.array_equal(a, b) for a, b in zip(sites, again, strict=True))
 
 
 def test_per_class_split_is_one_site_per_class(digits):
@@ -276,8 +276,8 @@ def test_dirichlet_is_seeded_and_non_iid_measurably(digits):
     a = split_sites(y, 5, "dirichlet", alpha=0.5, random_state=7)
     b = split_sites(y, 5, "dirichlet", alpha=0.5, random_state=7)
     c = split_sites(y, 5, "dirichlet", alpha=0.5, random_state=8)
-    assert all(np.array_equal(p, q) for p, q in zip(a, b))
-    assert not all(np.array_equal(p, q) for p, q in zip(a, c))
+    assert all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not all(np.array_equal(p, q) for p, q in zip(a, c, strict=True))
     het = {
         alpha: np.mean([label_heterogeneity(y, split_sites(y, 5, "dirichlet", alpha=alpha, random_state=s))
                         for s in range(3)])

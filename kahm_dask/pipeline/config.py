@@ -36,8 +36,8 @@ import re
 import types
 import typing
 from collections.abc import Hashable, Mapping
-from numbers import Real
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 

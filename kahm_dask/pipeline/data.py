@@ -103,7 +103,9 @@ def raw_bounds(data, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
     return None
 
 
-def feature_bounds(data, n_features: int, train: DatasetStore | None = None) -> tuple[np.ndarray, np.ndarray, str] | None:
+def feature_bounds(
+    data, n_features: int, train: DatasetStore | None = None
+) -> tuple[np.ndarray, np.ndarray, str] | None:
     """``(lower, upper, source)`` of the scaled features, the bounds of the DP release.
 
     ``source`` is :data:`~kahm_dask.privacy.bounds.BOUNDS_PUBLIC` when they follow from public

@@ -410,7 +410,7 @@ def answer_to_store(
 
 def _decision_block(rho: np.ndarray, code: np.ndarray, part: str) -> np.ndarray:
     """One field of :func:`kahm_dask.federated.combine` on a block of (Q, m_b) answers."""
-    answers = [SiteAnswer(r, c) for r, c in zip(rho, code)]
+    answers = [SiteAnswer(r, c) for r, c in zip(rho, code, strict=True)]
     return getattr(combine(answers), part)
 
 

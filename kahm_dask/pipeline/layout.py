@@ -58,7 +58,7 @@ def class_layout(y_codes: np.ndarray) -> ClassLayout:
     sorted_codes = y_codes[order]
     starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
     stops = np.r_[starts[1:], order.size]
-    return ClassLayout(order, tuple((int(sorted_codes[a]), int(a), int(b)) for a, b in zip(starts, stops)))
+    return ClassLayout(order, tuple((int(sorted_codes[a]), int(a), int(b)) for a, b in zip(starts, stops, strict=True)))
 
 
 def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
@@ -71,8 +71,8 @@ def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[np.nda
     keys = np.stack([y_codes[order], labels[order]], axis=1)
     starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
     stops = np.r_[starts[1:], len(order)]
-    indexer = [order[a:b] for a, b in zip(starts, stops)]
-    table = [(int(keys[a, 0]), int(keys[a, 1]), int(a), int(b)) for a, b in zip(starts, stops)]
+    indexer = [order[a:b] for a, b in zip(starts, stops, strict=True)]
+    table = [(int(keys[a, 0]), int(keys[a, 1]), int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
     return indexer, table
 
 

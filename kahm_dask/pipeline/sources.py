@@ -84,7 +84,7 @@ def dask_source(X: da.Array, y: Any, description: str) -> Source:
         aligned = X.rechunk(x.chunks)  # one task per Zarr chunk: writes never overlap
         starts = np.cumsum((0, *aligned.chunks[0][:-1])).tolist()
         tasks = [dask.delayed(_store_block)(block, x, start)
-                 for block, start in zip(aligned.to_delayed().ravel(), starts)]
+                 for block, start in zip(aligned.to_delayed().ravel(), starts, strict=True)]
         errors = [e for e in dask.compute(*tasks) if e is not None]
         if errors:
             raise ValueError(min(errors)[1])

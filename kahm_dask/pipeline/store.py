@@ -31,7 +31,7 @@ import json
 import numbers
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -298,7 +298,7 @@ def _build_store(
             "classes": classes,
             "class_counts": counts,
             "source": src.description,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if feature_range_attr is not None:
             attrs["feature_range"] = feature_range_attr
@@ -392,7 +392,7 @@ def _check_consistent(path: Path, group: zarr.Group, attrs: dict[str, Any]) -> D
         if arrays[f"class_index/{code}"].shape != (count,):
             raise fail(f"class_index/{code} has shape {arrays[f'class_index/{code}'].shape} "
                        f"but class_counts says {count} rows")
-    return DatasetStore(path, n, p, tuple(classes), dict(zip(classes, counts)),
+    return DatasetStore(path, n, p, tuple(classes), dict(zip(classes, counts, strict=True)),
                         int(x.chunks[0]), attrs)
 
 

@@ -13,10 +13,11 @@ Examples
 2.0
 >>> ledger.spent()
 (2.0, 0.0)
->>> ledger.check(2.0, 0.0)
+>>> ledger.check(2.0, 0.0)  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-kahm_dask.privacy.ledger.BudgetExceededError: this release (ε = 2, δ = 0) would take the total to (ε = 4, δ = 0), beyond the budget (ε = 3, δ = 0).
+kahm_dask.privacy.ledger.BudgetExceededError: this release (ε = 2, δ = 0) would take the total to
+(ε = 4, δ = 0), beyond the budget (ε = 3, δ = 0).
 """
 
 from __future__ import annotations

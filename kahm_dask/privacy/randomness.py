@@ -53,7 +53,7 @@ class NoiseSource(Protocol):
     def words(self, n: int) -> np.ndarray:
         """``n`` independent uniform ``uint64`` words."""
 
-    def for_block(self, block: int) -> "NoiseSource":
+    def for_block(self, block: int) -> NoiseSource:
         """The source for global row block ``block`` (see :func:`kahm_dask.privacy.noise`)."""
 
     @property
@@ -72,7 +72,7 @@ class SecureRandom:
     def words(self, n: int) -> np.ndarray:
         return np.frombuffer(os.urandom(8 * int(n)), dtype=np.uint64).copy()
 
-    def for_block(self, block: int) -> "SecureRandom":
+    def for_block(self, block: int) -> SecureRandom:
         return self
 
     def __repr__(self) -> str:
@@ -112,7 +112,7 @@ class InsecureSeededRandom:
     def words(self, n: int) -> np.ndarray:
         return self._rng.integers(0, 2**64, size=int(n), dtype=np.uint64, endpoint=False)
 
-    def for_block(self, block: int) -> "InsecureSeededRandom":
+    def for_block(self, block: int) -> InsecureSeededRandom:
         return InsecureSeededRandom(self.seed, _block=(int(block),), _warn=False)
 
     def __reduce__(self):

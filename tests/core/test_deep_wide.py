@@ -8,6 +8,7 @@ docs/algorithm.md#oracle-kmeans-partition.
 from __future__ import annotations
 
 import pickle
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ def _data(seed: int, N: int = 150, p: int = 8) -> np.ndarray:
 def _blobs(seed: int, sizes=(200, 200, 200), p: int = 6, gap: float = 12.0):
     rng = np.random.default_rng(seed)
     centres = gap * rng.normal(size=(len(sizes), p))
-    Y = np.vstack([c + rng.normal(size=(k, p)) for c, k in zip(centres, sizes)])
+    Y = np.vstack([c + rng.normal(size=(k, p)) for c, k in zip(centres, sizes, strict=True)])
     return Y, centres
 
 
@@ -79,7 +80,7 @@ def test_oracle15_depth_monotone_and_nested_composition():
     Yq = _queries(Y, np.random.default_rng(151))
     scale = np.abs(Y).max()
     gammas = [DeepKAHM(n, l).fit(Y).distance(Yq) for l in range(1, L + 1)]
-    for prev, cur in zip(gammas, gammas[1:]):
+    for prev, cur in pairwise(gammas):
         assert np.all(cur <= prev)
     assert np.all(gammas[-1] <= KAHM(n).fit(Y).distance(Yq))
 
@@ -303,7 +304,7 @@ def test_wide_uses_given_partition():
     wide = WideKAHM(3, 2, block_size=10, random_state=0).fit(Y, partition=part)
     assert wide.n_branches_ == 3
     np.testing.assert_array_equal(wide.branch_sizes_, [70, 50, 40])  # ids 3, 7, 9
-    for branch, pid in zip(wide.branches_, (3, 7, 9)):
+    for branch, pid in zip(wide.branches_, (3, 7, 9), strict=True):
         np.testing.assert_allclose(branch.layers_[0].mean_, Y[part == pid].mean(axis=0), rtol=1e-14)
         assert branch.layers_[0].n_samples_fit_ == np.count_nonzero(part == pid)
 

@@ -40,9 +40,9 @@ from kahm_dask.pipeline.federated import (
     train_site,
 )
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.recipe import TrainParams
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 NOISE_SEED = 13  # test-only: both paths draw site q's noise from site_noise_seed(13, q)

@@ -63,7 +63,7 @@ def test_partition_labels_do_not_depend_on_holding_classes_in_memory(rows):
     streamed = partition_classes(Xg, layout.bounds, persist_bytes=0, **kw)
     held = partition_classes(Xg, layout.bounds, persist_bytes=X.nbytes, **kw)
     np.testing.assert_array_equal(held, streamed)
-    for c, a, b in layout.bounds:  # S = round(N_c / 60) ≥ 2 clusters per class
+    for _, a, b in layout.bounds:  # S = round(N_c / 60) ≥ 2 clusters per class
         assert streamed[a:b].max() >= 1
 
 

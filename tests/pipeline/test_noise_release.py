@@ -22,12 +22,12 @@ import zarr
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.modelstore import cluster_dir, read_manifest
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import NOISY, TrainSettings, noisy_array, train_pipeline
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC
 from kahm_dask.privacy.ledger import BudgetExceededError, PrivacyLedger, ledger_path
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning, SecureRandom
+from kahm_dask.recipe import TrainParams
 
 
 @pytest.fixture

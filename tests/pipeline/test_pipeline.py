@@ -27,9 +27,9 @@ from kahm_dask.partition import kmeans_partition
 from kahm_dask.pipeline.modelstore import cluster_dir, load_cluster, read_manifest
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, predict_to_store
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.recipe import TrainParams
 
 from .._cluster import subprocess_cluster
 
@@ -72,7 +72,7 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
                                  partition=labels, progress=False)
         group = predict_to_store(tmp_path / "m.zarr", da.from_array(digits.X_test, chunks=(128, 64)),
                                  tmp_path / "pred.zarr", client)
-    assert summary["n_clusters"] == len(set(zip(digits.y_train, labels)))
+    assert summary["n_clusters"] == len(set(zip(digits.y_train, labels, strict=True)))
 
     clf = KAHMClassifier(20, 5, block_size, random_state=7, epsilon=epsilon, bounds=(0.0, 1.0), **noise)
     clf.fit(digits.X_train, digits.y_train, partition=labels)

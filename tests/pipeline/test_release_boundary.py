@@ -58,7 +58,8 @@ def quickstart_run(tmp_path_factory):
     drawn = []
     real = report_mod._plot_fabricated
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(report_mod, "_plot_fabricated", lambda path, rows, *a, **k: (drawn.append(rows), real(path, rows, *a, **k)))
+        mp.setattr(report_mod, "_plot_fabricated",
+                   lambda path, rows, *a, **k: (drawn.append(rows), real(path, rows, *a, **k)))
         with connect(cfg.cluster) as client:
             metrics = run_pipeline(cfg, client, progress=False)
     return out, metrics, drawn

@@ -25,7 +25,6 @@ from kahm_dask.pipeline.store import (
     write_dataset,
 )
 
-
 # ------------------------------------------------------------------------ helpers
 
 
@@ -46,7 +45,7 @@ def assert_roundtrip(ds: DatasetStore, X: np.ndarray, labels: np.ndarray) -> Non
     assert (ds.n_samples, ds.n_features) == X.shape
     classes, counts = np.unique(labels, return_counts=True)
     assert ds.classes == tuple(classes.tolist())
-    assert ds.class_counts == dict(zip(classes.tolist(), counts.tolist()))
+    assert ds.class_counts == dict(zip(classes.tolist(), counts.tolist(), strict=True))
     for code, value in enumerate(ds.classes):
         np.testing.assert_array_equal(ds.class_rows(code), np.flatnonzero(labels == value))
 
@@ -149,7 +148,7 @@ def test_ingest_npy_pair(tmp_path: Path) -> None:
 
 def test_ingest_csv_with_header_label_last(tmp_path: Path) -> None:
     X, y = make_data()
-    lines = ["a,b,c,d,label"] + [",".join(map(repr, r.tolist())) + f",{c}" for r, c in zip(X, y)]
+    lines = ["a,b,c,d,label"] + [",".join(map(repr, r.tolist())) + f",{c}" for r, c in zip(X, y, strict=True)]
     (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
     ds = ingest(tmp_path / "d.csv", tmp_path / "d.zarr", chunk_rows=8)
     assert_roundtrip(ds, X, y)
@@ -159,7 +158,7 @@ def test_ingest_csv_with_header_label_last(tmp_path: Path) -> None:
 def test_ingest_csv_gz_without_header_string_label_first(tmp_path: Path) -> None:
     X, y = make_data()
     labels = np.array(["a", "b", "c"])[y % 3]
-    lines = [f"{c}," + ",".join(map(repr, r.tolist())) for r, c in zip(X, labels)]
+    lines = [f"{c}," + ",".join(map(repr, r.tolist())) for r, c in zip(X, labels, strict=True)]
     with gzip.open(tmp_path / "d.csv.gz", "wt") as fh:
         fh.write("\n".join(lines))
     ds = ingest(tmp_path / "d.csv.gz", tmp_path / "d.zarr", label_column=0, chunk_rows=8)
@@ -343,7 +342,7 @@ def test_corrupt_stores_raise_store_error(tmp_path: Path) -> None:
     index.create_array("1", data=np.arange(3, dtype=np.int64), overwrite=True)
     patterns = ["array 'y' is missing", "n_samples=49", "format_version 2", "class_counts",
                 r"class_index/1 has shape \(3,\) but class_counts says \d+ rows"]
-    for path, pattern in zip(paths, patterns):
+    for path, pattern in zip(paths, patterns, strict=True):
         with pytest.raises(StoreError, match=pattern):
             open_dataset(path)
 

@@ -158,6 +158,7 @@ def test_oracle27_error_trend(low_rank):
             f"smoother error increased at pass(es) {(increases + 1).tolist()}: "
             f"{errors.round(4).tolist()}",
             UserWarning,
+            stacklevel=1,
         )
 
 

@@ -89,7 +89,10 @@ def test_cross_validation_matches_reference_loop():
     best, best_score = None, np.inf
     for sigma in sigmas:
         H = np.sqrt(np.pi) * sigma * np.exp(-((C[:, None] - C[None, :]) ** 2) / (4 * sigma**2))
-        phi = lambda x: np.exp(-((x[:, None] - C[None, :]) ** 2) / (2 * sigma**2))  # noqa: E731
+
+        def phi(x, sigma=sigma):
+            return np.exp(-((x[:, None] - C[None, :]) ** 2) / (2 * sigma**2))
+
         for lam in lambdas:
             score = 0.0
             for k in range(K):

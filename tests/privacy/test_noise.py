@@ -15,6 +15,7 @@ import tracemalloc
 import warnings
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -64,7 +65,7 @@ class ScriptedSource:
         self.given += [int(w) for w in out]
         return out
 
-    def for_block(self, block: int) -> "ScriptedSource":
+    def for_block(self, block: int) -> ScriptedSource:
         return self
 
 
@@ -157,7 +158,7 @@ def test_fast_path_results_are_exact_in_rationals(ratio, n):
     src = ScriptedSource(seed=15)
     g = geometric(n, ratio, src)
     assert len(src.given) == n  # no draw needed more bits
-    for word, gi in zip(src.given, g):
+    for word, gi in zip(src.given, g, strict=True):
         _assert_exact_geometric(word, 64, int(gi), ratio)
 
 
@@ -431,7 +432,7 @@ def test_reproducible_source_is_chunk_invariant(cuts):
     mech = GridLaplace(1.0, np.zeros(3), np.ones(3))
     X = np.random.default_rng(10).uniform(size=(10_000, 3))
     whole = mech.release(X, _seeded(2024))
-    parts = [mech.release(X[a:b], _seeded(2024), row_offset=a) for a, b in zip(cuts[:-1], cuts[1:])]
+    parts = [mech.release(X[a:b], _seeded(2024), row_offset=a) for a, b in pairwise(cuts)]
     assert np.concatenate(parts).tobytes() == whole.tobytes()
     single = mech.release(X[6543:6544], _seeded(2024), row_offset=6543)
     assert single.tobytes() == whole[6543:6544].tobytes()

@@ -31,8 +31,6 @@ from scipy.spatial import cKDTree
 
 from .._objects import reachable_arrays
 
-
-
 # --------------------------------------------------------------------------- processes
 
 

@@ -45,9 +45,9 @@ from kahm_dask.pipeline.modelstore import (
 )
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.store import is_complete, mark_complete, open_dataset, write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import PrivacyLedger
+from kahm_dask.recipe import TrainParams
 from kahm_dask.report import write_privacy_statement, write_report
 
 RNG = np.random.default_rng(5)

@@ -23,8 +23,8 @@ import pytest
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.recipe import TrainParams
 
 from .conftest import (
     assert_same_fingerprint,

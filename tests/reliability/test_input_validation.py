@@ -33,8 +33,8 @@ from kahm_dask.cli import main
 from kahm_dask.pipeline.config import ConfigError, load_config
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.store import ingest, open_dataset, write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.recipe import TrainParams
 
 RNG = np.random.default_rng(0)
 X = RNG.random((40, 5))
@@ -95,16 +95,26 @@ ESTIMATOR = {
     "predict: inf": Case(lambda f: f.predict(_with(np.inf)), ValueError, r"infinity"),
     "predict: rank 1": Case(lambda f: f.predict(X[0]), ValueError, r"Expected 2D array", r"reshape"),
     "predict: unfitted": Case(lambda f: _clf().predict(X), Exception, r"not fitted", r"call 'fit'"),
-    "epsilon = 0": Case(lambda f: _clf(epsilon=0.0).fit(X, Y), ValueError, r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got 0\.0"),
-    "epsilon < 0": Case(lambda f: _clf(epsilon=-1.0).fit(X, Y), ValueError, r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got -1\.0"),
-    "epsilon nan": Case(lambda f: _clf(epsilon=np.nan).fit(X, Y), ValueError, r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got nan"),
-    "epsilon inf": Case(lambda f: _clf(epsilon=np.inf).fit(X, Y), ValueError, r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got inf"),
-    "epsilon str": Case(lambda f: _clf(epsilon="2").fit(X, Y), TypeError, r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got '2'"),
-    "delta = 1": Case(lambda f: _clf(epsilon=1.0, delta=1.0).fit(X, Y), ValueError, r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got 1\.0"),
-    "delta < 0": Case(lambda f: _clf(epsilon=1.0, delta=-0.1).fit(X, Y), ValueError, r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got -0\.1"),
-    "delta > 1": Case(lambda f: _clf(epsilon=1.0, delta=1.5).fit(X, Y), ValueError, r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got 1\.5"),
-    "d = 0": Case(lambda f: _clf(epsilon=1.0, d=0.0).fit(X, Y), ValueError, r"'d' parameter of KAHMClassifier must be None, a finite float > 0 or an array-like\. Got 0\.0"),
-    "d < 0": Case(lambda f: _clf(epsilon=1.0, d=-1.0).fit(X, Y), ValueError, r"'d' parameter of KAHMClassifier must be None, a finite float > 0 or an array-like\. Got -1\.0"),
+    "epsilon = 0": Case(lambda f: _clf(epsilon=0.0).fit(X, Y), ValueError,
+                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got 0\.0"),
+    "epsilon < 0": Case(lambda f: _clf(epsilon=-1.0).fit(X, Y), ValueError,
+                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got -1\.0"),
+    "epsilon nan": Case(lambda f: _clf(epsilon=np.nan).fit(X, Y), ValueError,
+                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got nan"),
+    "epsilon inf": Case(lambda f: _clf(epsilon=np.inf).fit(X, Y), ValueError,
+                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got inf"),
+    "epsilon str": Case(lambda f: _clf(epsilon="2").fit(X, Y), TypeError,
+                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0\. Got '2'"),
+    "delta = 1": Case(lambda f: _clf(epsilon=1.0, delta=1.0).fit(X, Y), ValueError,
+                      r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got 1\.0"),
+    "delta < 0": Case(lambda f: _clf(epsilon=1.0, delta=-0.1).fit(X, Y), ValueError,
+                      r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got -0\.1"),
+    "delta > 1": Case(lambda f: _clf(epsilon=1.0, delta=1.5).fit(X, Y), ValueError,
+                      r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got 1\.5"),
+    "d = 0": Case(lambda f: _clf(epsilon=1.0, d=0.0).fit(X, Y), ValueError,
+                  r"'d' parameter of KAHMClassifier must be None, a finite float > 0 or an array-like\. Got 0\.0"),
+    "d < 0": Case(lambda f: _clf(epsilon=1.0, d=-1.0).fit(X, Y), ValueError,
+                  r"'d' parameter of KAHMClassifier must be None, a finite float > 0 or an array-like\. Got -1\.0"),
     "n_components = 0": Case(lambda f: KAHMClassifier(n_components=0).fit(X, Y), ValueError,
                              r"'n_components' parameter of KAHMClassifier must be an int >= 1\. Got 0"),
     "n_layers = 0": Case(lambda f: KAHMClassifier(n_layers=0).fit(X, Y), ValueError,
@@ -262,7 +272,8 @@ data:
 
 YAML = {
     "unknown top-level key": ("seeed: 3\n", r"unknown key 'seeed'.*did you mean 'seed'"),
-    "unknown section key": ("model:\n  n_componets: 3\n", r"unknown key 'model.n_componets'.*did you mean 'n_components'"),
+    "unknown section key": ("model:\n  n_componets: 3\n",
+                            r"unknown key 'model.n_componets'.*did you mean 'n_components'"),
     "unknown nested key": ("data:\n  source: synthetic:blobs\n  synthetic:\n    n_sampels: 10\n",
                            r"unknown key 'data.synthetic.n_sampels'"),
     "unknown section": ("privcy:\n  epsilon: 1.0\n", r"unknown key 'privcy'.*did you mean 'privacy'"),
@@ -284,7 +295,8 @@ YAML = {
     "r_value with private r": ("privacy:\n  epsilon: 1.0\n  r_source: private\n  r_value: 0.5\n",
                                r"'privacy.r_value'.*remove r_value"),
     "fractional passes": ("privacy:\n  epsilon: 1.0\n  r_value: 0.5\n", r"'privacy.r_value'.*'passes' needs an int"),
-    "budget not a pair": ("privacy:\n  epsilon: 1.0\n  budget: 2\n", r"wrong type for 'privacy.budget'.*expected a list"),
+    "budget not a pair": ("privacy:\n  epsilon: 1.0\n  budget: 2\n",
+                          r"wrong type for 'privacy.budget'.*expected a list"),
     "budget delta = 1": ("privacy:\n  epsilon: 1.0\n  budget: [2, 1]\n", r"'privacy.budget'.*delta >= 0 and < 1"),
     "test_size = 1": ("data:\n  source: sklearn:iris\n  test_size: 1.0\n", r"'data.test_size'.*: must be in \(0, 1\)"),
 }
@@ -344,7 +356,8 @@ CLI_TRAIN = {
     "n_layers = 0": (["--n-layers", "0"], r"'--n-layers': 0 is not in the range x>=1"),
     "block_size = 0": (["--block-size", "0"], r"'--block-size': 0 is not in the range x>=1"),
     "seed < 0": (["--seed", "-1"], r"'--seed': -1 is not in the range x>=0"),
-    "dp_data unknown": (["--epsilon", "1", "--dp-data", "raw"], r"'--dp-data': 'raw' is not one of 'fabricated', 'noisy'"),
+    "dp_data unknown": (["--epsilon", "1", "--dp-data", "raw"],
+                        r"'--dp-data': 'raw' is not one of 'fabricated', 'noisy'"),
     "fractional passes": (["--epsilon", "1", "--r-source", "passes", "--r-value", "2.5"],
                           r"'privacy.r_value'.*'passes' needs an int >= 1.*got 2.5"),
     "r_value with private r": (["--epsilon", "1", "--r-source", "private", "--r-value", "0.5"], r"'privacy.r_value'"),

@@ -4,10 +4,10 @@
 The rerun must resume — reuse the data stores, the stored noisy rows (never drawn again), the
 k-means seed and every complete cluster, recompute only the missing clusters — and give the
 same model and predictions, bit for bit, as an uninterrupted run from the same noisy rows (the
-run folder starts from a copy of the baseline's: ``start_from_noise_of``). Between the kill and the rerun no half-written cluster may be
-readable. Two ways to die: SIGKILL of the whole process group (client, scheduler, nannies and
-workers at once, as when a batch job is killed) and SIGTERM of the main process only (the
-LocalCluster's workers are orphaned and must go away by themselves).
+run folder starts from a copy of the baseline's: ``start_from_noise_of``). Between the kill and
+the rerun no half-written cluster may be readable. Two ways to die: SIGKILL of the whole process
+group (client, scheduler, nannies and workers at once, as when a batch job is killed) and SIGTERM
+of the main process only (the LocalCluster's workers are orphaned and must go away by themselves).
 """
 
 from __future__ import annotations

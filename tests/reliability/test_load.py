@@ -27,8 +27,8 @@ from kahm_dask.pipeline.config import ClusterConfig
 from kahm_dask.pipeline.data import synthetic_blobs
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.recipe import TrainParams
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.recipe import TrainParams
 
 
 def _reference(model, X, chunk):
@@ -62,7 +62,7 @@ def test_concurrent_requests_get_their_own_results(tmp_path):
 
         with ThreadPoolExecutor(len(jobs)) as pool:
             results = list(pool.map(go, range(len(jobs))))
-    for (D, pred, _), ref in zip(results, refs):
+    for (D, pred, _), ref in zip(results, refs, strict=True):
         assert D.tobytes() == ref.tobytes()
         np.testing.assert_array_equal(pred, ref.argmin(axis=1))
 
@@ -126,7 +126,7 @@ def test_eight_concurrent_prediction_requests(tmp_path, baseline_run):
             t_conc = time.perf_counter() - t0
         workers_after = client.run(os.getpid)
 
-    for (D, pred, _), ref in zip(results, refs):
+    for (D, pred, _), ref in zip(results, refs, strict=True):
         assert D.tobytes() == ref.tobytes()
         np.testing.assert_array_equal(pred, ref.argmin(axis=1))
     assert workers_after == worker_pids, "a worker was lost or restarted (memory limit?)"

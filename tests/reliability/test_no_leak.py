@@ -28,8 +28,8 @@ import pytest
 import zarr
 
 from kahm_dask import KAHMClassifier
-from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
 from kahm_dask import recipe as recipe_mod
+from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
 from kahm_dask.pipeline import tasks as tasks_mod
 from kahm_dask.pipeline import train as train_mod
 from kahm_dask.pipeline.cluster import BLAS_ENV
@@ -162,7 +162,8 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
     zeros after the noise step changes nothing in the model store."""
     store, X = blobs
     reads, partition_inputs, r_inputs = [], [], []
-    real_read, real_partition, real_fab = tasks_mod._read_slice, train_mod.partition_classes, recipe_mod.fabricate_subset
+    real_read, real_partition = tasks_mod._read_slice, train_mod.partition_classes
+    real_fab = recipe_mod.fabricate_subset
 
     def spy_read(work_path, name, start, stop):
         reads.append(name)
@@ -219,8 +220,10 @@ def test_private_r_and_original_clusters_do_use_the_original_rows(tmp_path, blob
     reads, partition_inputs = [], []
     real_read, real_partition = tasks_mod._read_slice, train_mod.partition_classes
     monkeypatch.setattr(tasks_mod, "_read_slice", lambda *a: reads.append(a[1]) or real_read(*a))
-    monkeypatch.setattr(train_mod, "partition_classes",
-                        lambda src, *a, **k: partition_inputs.append(np.asarray(src.compute())) or real_partition(src, *a, **k))
+    monkeypatch.setattr(
+        train_mod, "partition_classes",
+        lambda src, *a, **k: partition_inputs.append(np.asarray(src.compute())) or real_partition(src, *a, **k),
+    )
     with pytest.warns(PrivacyLeakWarning):
         _train(store, tmp_path, "c", "private", None, "original")
     assert GROUPED_X in reads
