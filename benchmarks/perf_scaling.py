@@ -1,13 +1,17 @@
-"""How fit and predict time grow with the number of training rows (10k, 60k, 600k synthetic).
+"""How fit and predict time grow with the number of training rows (10k, 60k, 600k synthetic),
+with routing (``n_probe``) against the exhaustive prediction.
 
 Synthetic Gaussian classes (``make_class_blobs``: C = 10, p = 50 by default, logistic-squashed),
-n = 20, L = 5, N_b = 1000, so the number of clusters grows like N/1000 and the fit should grow
-linearly in N (one O(N_b³) fit per cluster and layer, plus k-means); prediction on a fixed set
-of test rows also grows linearly (every query meets every cluster). Measured for the in-memory
-:class:`KAHMClassifier` (one BLAS thread) and for the Dask pipeline on a LocalCluster of 2
-single-threaded workers. Each (size, engine) runs in its own subprocess (its own peak RSS).
+n = 20, N_b = 1000, so the number of clusters grows like N/1000 and the fit should grow linearly
+in N (one O(N_b³) fit per cluster and layer, plus k-means). The exhaustive prediction on a fixed
+set of test rows grows linearly too (every query meets every cluster); with routing each query
+meets ``n_probe`` clusters per class plus one (m × S) distance product to the centres, so its
+cost should stay nearly flat (docs/algorithm.md#routing). Measured for the in-memory
+:class:`KAHMClassifier` (``n_jobs=2``, one BLAS thread per thread) and for the Dask pipeline on
+a LocalCluster of 2 single-threaded workers, both predictions on the same fitted model. Each
+(size, engine) runs in its own subprocess (its own peak RSS).
 
-    python -m benchmarks.perf_scaling [--sizes 10000 60000 600000] [--engines memory dask2]
+    python -m benchmarks.perf_scaling [--sizes 10000 60000 600000] [--engines memory dask2] [--n-probe 2]
 """
 
 from __future__ import annotations
@@ -43,38 +47,44 @@ def _data(n: int, n_test: int, p: int):
     return X[:n], y[:n], X[n:], y[n:]
 
 
-def run_memory(X, y, Xt, yt) -> dict:
+def run_memory(X, y, Xt, yt, args) -> dict:
     import kahm_dask.classifier as classifier_module
     from kahm_dask import KAHMClassifier
 
     classifier_module.DISTANCE_CACHE_SIZE = 0
     with blas_threads(1):
-        fit_s, fit_cpu, clf = timed_cpu(lambda: KAHMClassifier(20, 5, 1000, random_state=0).fit(X, y))
+        model = KAHMClassifier(20, args.layers, 1000, random_state=0, n_jobs=2)
+        fit_s, fit_cpu, clf = timed_cpu(lambda: model.fit(X, y))
         rate = matmul_rates()
         pred_s, pred_cpu, D = timed_cpu(lambda: clf.class_distances(Xt))
+        clf.set_params(n_probe=args.n_probe)
+        routed_s, _, R = timed_cpu(lambda: clf.class_distances(Xt))
     pred = clf.classes_[np.argmin(D, axis=1)]
+    routed = clf.classes_[np.argmin(R, axis=1)]
     flops = kahm_predict_flops(clf, Xt.shape[0])
     return {
         "fit_s": fit_s, "fit_cpu_s": fit_cpu, "predict_s": pred_s, "predict_cpu_s": pred_cpu,
         "accuracy": float(np.mean(pred == yt)), "n_clusters": int(clf.n_branches_.sum()),
+        "predict_routed_s": routed_s, "accuracy_routed": float(np.mean(routed == yt)),
+        "routed_agreement": float(np.mean(routed == pred)),
         "predict_gflops_cpu": flops / pred_cpu / 1e9, "matmul_gflops_cpu": rate[1],
     }
 
 
-def run_dask(X, y, Xt, yt, n_workers: int) -> dict:
+def run_dask(X, y, Xt, yt, n_workers: int, args) -> dict:
     from kahm_dask.pipeline.cluster import connect
     from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
     from kahm_dask.pipeline.store import write_dataset
-    from kahm_dask.recipe import TrainParams
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+    from kahm_dask.recipe import TrainParams
 
     with tempfile.TemporaryDirectory(prefix="kahm-scaling-") as tmp:
         tmp = Path(tmp)
         train = write_dataset(tmp / "train.zarr", X, y)
         test = write_dataset(tmp / "test.zarr", Xt, yt)
-        settings = TrainSettings(TrainParams(20, 5), seed=0, block_size=1000)
+        settings = TrainSettings(TrainParams(20, args.layers), seed=0, block_size=1000)
         with connect(ClusterConfig(n_workers=n_workers, threads_per_worker=1, processes=True)) as client:
             client.wait_for_workers(n_workers)
             t0 = time.perf_counter()
@@ -83,17 +93,24 @@ def run_dask(X, y, Xt, yt, n_workers: int) -> dict:
             t0 = time.perf_counter()
             group = predict_to_store(tmp / "model.zarr", test.X(), tmp / "pred.zarr", client)
             pred_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            routed_group = predict_to_store(tmp / "model.zarr", test.X(), tmp / "routed.zarr", client,
+                                            n_probe=args.n_probe)
+            routed_s = time.perf_counter() - t0
         pred = np.asarray(group.attrs["classes"])[group[PREDICTIONS][...]]
+        routed = np.asarray(group.attrs["classes"])[routed_group[PREDICTIONS][...]]
         n_clusters = len(read_manifest(tmp / "model.zarr")["clusters"])
     return {"fit_s": fit_s, "predict_s": pred_s, "accuracy": float(np.mean(pred.astype(np.int64) == yt)),
-            "n_clusters": n_clusters,
+            "n_clusters": n_clusters, "predict_routed_s": routed_s,
+            "accuracy_routed": float(np.mean(routed.astype(np.int64) == yt)),
+            "routed_agreement": float(np.mean(routed == pred)),
             "fit_stage_s": {**summary["stage_seconds"], "tasks": summary["train_seconds"]}}
 
 
 def worker(engine: str, n: int, args) -> dict:
     X, y, Xt, yt = _data(n, args.n_test, args.p)
     with PeakTreeRSS() as rss:
-        out = run_memory(X, y, Xt, yt) if engine == "memory" else run_dask(X, y, Xt, yt, int(engine[4:]))
+        out = run_memory(X, y, Xt, yt, args) if engine == "memory" else run_dask(X, y, Xt, yt, int(engine[4:]), args)
     out.update(peak_rss_mib=rss.peak_mib, load_avg=os.getloadavg()[0])
     return out
 
@@ -104,6 +121,8 @@ def main(argv=None) -> None:
     ap.add_argument("--engines", nargs="*", default=["memory", "dask2"], choices=ENGINES)
     ap.add_argument("--p", type=int, default=50)
     ap.add_argument("--n-test", type=int, default=2000)
+    ap.add_argument("--layers", type=int, default=1, help="L of every deep KAHM")
+    ap.add_argument("--n-probe", type=int, default=2, help="clusters per class a routed query meets")
     ap.add_argument("--name", default="perf_scaling", help="report name under benchmarks/results/")
     ap.add_argument("--note", nargs="*", help="extra paragraphs for the report's notes")
     ap.add_argument("--load", help="JSON of results already measured ({'engine/N': {...}}), not rerun")
@@ -126,7 +145,8 @@ def main(argv=None) -> None:
                 out = f.name
             subprocess.run(
                 [sys.executable, "-m", "benchmarks.perf_scaling", "--worker", engine, str(n), "--out", out,
-                 "--p", str(args.p), "--n-test", str(args.n_test)],
+                 "--p", str(args.p), "--n-test", str(args.n_test), "--layers", str(args.layers),
+                 "--n-probe", str(args.n_probe)],
                 check=True, cwd=Path(__file__).resolve().parent.parent,
             )
             r = results[f"{engine}/{n}"] = json.loads(Path(out).read_text())
@@ -143,22 +163,30 @@ def main(argv=None) -> None:
                 engine if engine == "memory" else f"Dask, {engine[4:]} worker(s)", n, r["n_clusters"],
                 f"{r['fit_s']:.1f}", f"{r['fit_s'] / base['fit_s']:.1f}", f"{r['fit_s'] / r['n_clusters']:.2f}",
                 f"{r['fit_cpu_s']:.1f} ({r['fit_cpu_s'] / base['fit_cpu_s']:.1f})" if "fit_cpu_s" in r else "n/a",
-                f"{r['predict_cpu_s']:.2f} ({r['predict_cpu_s'] / base['predict_cpu_s']:.1f})" if "predict_cpu_s" in r else "n/a",
+                (f"{r['predict_cpu_s']:.2f} ({r['predict_cpu_s'] / base['predict_cpu_s']:.1f})"
+                 if "predict_cpu_s" in r else "n/a"),
                 f"{r['predict_s']:.2f}", f"{r['predict_s'] / base['predict_s']:.1f}",
-                f"{r['accuracy']:.4f}", f"{r['peak_rss_mib']:.0f}",
+                f"{r['predict_routed_s']:.2f}", f"{r['predict_routed_s'] / base['predict_routed_s']:.1f}",
+                f"{r['accuracy']:.4f}", f"{r['accuracy_routed']:.4f}", f"{r['routed_agreement']:.4f}",
+                f"{r['peak_rss_mib']:.0f}",
                 f"{r['predict_gflops_cpu'] / r['matmul_gflops_cpu']:.2f}" if "predict_gflops_cpu" in r else "n/a",
                 f"{r['load_avg']:.1f}",
             ])
     table = markdown_table(
         ["engine", "N train", "clusters", "fit s", "fit / smallest", "fit s per cluster",
          "fit CPU s (/ smallest)", "predict CPU s (/ smallest)",
-         f"predict s ({args.n_test} rows)", "predict / smallest", "accuracy", "peak RSS MiB",
+         f"exhaustive predict s ({args.n_test} rows)", "exhaustive / smallest",
+         f"routed predict s (n_probe {args.n_probe})", "routed / smallest", "accuracy", "accuracy routed",
+         "same prediction", "peak RSS MiB",
          "predict FLOP-rate fraction (CPU time)", "load avg"], rows)
     notes = (
-        f"Synthetic: `make_class_blobs(N + {args.n_test}, p={args.p}, C=10)`, n = 20, L = 5, N_b = 1000 "
-        "(clusters ≈ N/1000). In-memory: one BLAS thread, k-means by scikit-learn (10 restarts). Dask: "
-        "LocalCluster with single-threaded worker processes, k-means|| centres then dask-ml's Lloyd iterations. 'fit / smallest' and "
-        "'predict / smallest' are ratios to the smallest N: linear growth means 6 and 60."
+        f"Synthetic: `make_class_blobs(N + {args.n_test}, p={args.p}, C=10)`, n = 20, L = {args.layers}, "
+        "N_b = 1000 (clusters ≈ N/1000). In-memory: `n_jobs=2`, one BLAS thread per thread, k-means++ "
+        "(one start) on at most 50 principal coordinates. Dask: LocalCluster with single-threaded worker "
+        "processes, each class partitioned in one task by the same k-means. Both predictions of a row use "
+        "the same fitted model: exhaustive (every cluster) and routed (each query meets the n_probe "
+        "clusters of nearest centre per class). Ratios are to the smallest N: linear growth means 6 and "
+        "60; a flat cost means 1."
     )
     for extra_note in args.note or []:
         notes += "\n\n" + extra_note

@@ -28,8 +28,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from kahm_dask._batching import row_chunks
-from kahm_dask._threads import in_threads
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
+from kahm_dask._threads import in_threads
 from kahm_dask._validation import (
     as_data_matrix,
     check_label_types,
@@ -62,7 +62,7 @@ ROUTED_BLOCK_ROWS = 4096
 #: ~0.1 s per 60 MB against minutes of evaluation) and cleared by ``fit``; a model whose fitted
 #: arrays are changed in place must be refitted (or this set to 0).
 DISTANCE_CACHE_SIZE = 2
-_distance_cache: "weakref.WeakKeyDictionary[KAHMClassifier, list]" = weakref.WeakKeyDictionary()
+_distance_cache: weakref.WeakKeyDictionary[KAHMClassifier, list] = weakref.WeakKeyDictionary()
 _distance_cache_lock = threading.Lock()
 
 
@@ -263,7 +263,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             chunk_size=self.chunk_size,
         )
 
-    def fit(self, X, y, *, partition=None) -> "KAHMClassifier":
+    def fit(self, X, y, *, partition=None) -> KAHMClassifier:
         """Fit one wide deep KAHM per class.
 
         X : (N, p) training rows; y : (N,) labels of any type.

@@ -170,7 +170,7 @@ class DeepKAHM(_BatchEvaluator):
     def _kahm(self) -> KAHM:
         return KAHM(self.n_components, min_range=self.min_range, chunk_size=self.chunk_size)
 
-    def fit(self, Y, y=None) -> "DeepKAHM":
+    def fit(self, Y, y=None) -> DeepKAHM:
         """Fit L KAHMs to ``Y`` (N, p)."""
         check_positive_int(self.n_components, "n_components")
         check_positive_int(self.n_layers, "n_layers")
@@ -179,7 +179,7 @@ class DeepKAHM(_BatchEvaluator):
         self._fit_validated(Y)
         return self
 
-    def _fit_validated(self, Y: np.ndarray) -> "DeepKAHM":
+    def _fit_validated(self, Y: np.ndarray) -> DeepKAHM:
         subspace = principal_subspace(Y, self.n_components, self.min_range)
         by_dim: dict[int, KAHM] = {}
         layers = []
@@ -209,7 +209,7 @@ class DeepKAHM(_BatchEvaluator):
         return [k.to_state() for k in distinct], meta
 
     @classmethod
-    def from_state(cls, layer_states: list, meta: dict) -> "DeepKAHM":
+    def from_state(cls, layer_states: list, meta: dict) -> DeepKAHM:
         """Rebuild a fitted DeepKAHM from :meth:`to_state` output."""
         model = cls(**meta["params"])
         distinct = [KAHM.from_state(arrays, scalars) for arrays, scalars in layer_states]
@@ -352,7 +352,7 @@ class WideKAHM(_BatchEvaluator):
             kmeans_dims=self.kmeans_dims,
         )
 
-    def fit(self, Y, y=None, *, partition=None) -> "WideKAHM":
+    def fit(self, Y, y=None, *, partition=None) -> WideKAHM:
         """Fit to ``Y`` (N, p).
 
         ``partition`` : optional (N,) integer branch labels that replace the k-means
@@ -376,7 +376,7 @@ class WideKAHM(_BatchEvaluator):
             return labels, np.unique(labels)
         return check_partition(partition, Y.shape[0])
 
-    def assemble(self, branches: list[DeepKAHM], labels: np.ndarray) -> "WideKAHM":
+    def assemble(self, branches: list[DeepKAHM], labels: np.ndarray) -> WideKAHM:
         """Set the fitted state from already-fitted branches and the partition they came from.
 
         labels : (N,) branch labels of the training rows; ``branches[s]`` is the

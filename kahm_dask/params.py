@@ -100,10 +100,18 @@ def _at_least(low: int) -> Range:
 PARAMS: dict[str, Param] = {
     "n_components": Param((_at_least(1),), "subspace dimension n of every KAHM (docs/algorithm.md#kahm-guards)"),
     "n_layers": Param((_at_least(1),), "layers L of each deep KAHM (docs/algorithm.md#layer-dimensions)"),
-    "block_size": Param((_at_least(1),), "N_b: a class of N_c rows gets about N_c / N_b branches (docs/algorithm.md#s-rule)"),
-    "s_rule": Param((Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)"),
-    "chunk_size": Param((_at_least(1),), "rows per block when a KAHM is evaluated (docs/algorithm.md#batched-evaluation)"),
-    "n_init": Param((_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)"),
+    "block_size": Param(
+        (_at_least(1),), "N_b: a class of N_c rows gets about N_c / N_b branches (docs/algorithm.md#s-rule)"
+    ),
+    "s_rule": Param(
+        (Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)"
+    ),
+    "chunk_size": Param(
+        (_at_least(1),), "rows per block when a KAHM is evaluated (docs/algorithm.md#batched-evaluation)"
+    ),
+    "n_init": Param(
+        (_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)"
+    ),
     "kmeans_dims": Param(
         (None, _at_least(1)),
         "principal coordinates every k-means runs in; None: all features (docs/algorithm.md#kmeans-space)",
@@ -114,8 +122,8 @@ PARAMS: dict[str, Param] = {
         "(docs/algorithm.md#routing)",
     ),
     "n_jobs": Param(
-        (None, Integral),
-        "threads of fit and predict, one BLAS thread each (joblib convention: None 1, -1 all cores)",
+        (None, Range(Integral, 1, None, closed="left"), Range(Integral, None, -1, closed="right")),
+        "threads of fit and predict, one BLAS thread each (joblib convention: None 1, -1 all cores, -2 all but one)",
     ),
     "min_cluster_size": Param(
         (None, _at_least(1)),
@@ -166,7 +174,9 @@ PARAMS: dict[str, Param] = {
         "rows the fabrication's k-means partition runs on; 'original' (the private rows) leaks "
         "(docs/algorithm.md#big-data-fabrication)",
     ),
-    "max_passes": Param((_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)"),
+    "max_passes": Param(
+        (_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)"
+    ),
     "ledger": Param(
         (None, HasMethods(["check", "record"])),
         "privacy ledger: records each release and refuses one beyond its budget",

@@ -5,7 +5,8 @@ The rules of docs/algorithm.md#kmeans-partition are the core's
 large enough; docs/algorithm.md#decision-pipeline-partition). A class whose k-means fits one
 task is partitioned there by the estimator's own code (principal coordinates, k-means++), so
 the pipeline and :class:`~kahm_dask.KAHMClassifier` give the same partition for the same rows
-and seed. A larger class is clustered out of core: k-means|| initial centres (:func:`scalable_kmeans_init`, with the weighted
+and seed. A larger class is clustered out of core: k-means|| initial centres
+(:func:`scalable_kmeans_init`, with the weighted
 re-clustering step that dask-ml's own k-means|| leaves out), then
 ``dask_ml.cluster.KMeans(init=centres)`` for the Lloyd iterations. ``oversampling_factor``
 defaults to 2·K (dask-ml's default of 2 finds too few candidate centres for large K).
@@ -112,7 +113,8 @@ def scalable_kmeans_init(
             continue
         new = np.asarray(Xc[kept].compute(), dtype=np.float64)
         C = np.vstack([C, new])
-        d2 = np.minimum(d2, Xc.map_blocks(_nearest_sq_distance, new, drop_axis=1, dtype=np.float64, meta=_EMPTY).compute())
+        nearest_new = Xc.map_blocks(_nearest_sq_distance, new, drop_axis=1, dtype=np.float64, meta=_EMPTY)
+        d2 = np.minimum(d2, nearest_new.compute())
     weights = np.bincount(
         Xc.map_blocks(_nearest_index, C, drop_axis=1, dtype=np.int64, meta=_EMPTY.astype(np.int64)).compute(),
         minlength=C.shape[0],

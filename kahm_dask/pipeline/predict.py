@@ -118,7 +118,8 @@ def predict_to_store(
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler; ``n_probe`` routes as in :func:`class_distance_array`. Written under a temporary name and renamed into place when complete
+    scheduler; ``n_probe`` routes as in :func:`class_distance_array`. Written under a temporary
+    name and renamed into place when complete
     (:func:`kahm_dask._atomic.atomic_directory`): a failed job leaves the previous predictions
     untouched. Returns the written group, whose attributes hold ``classes`` (the labels the
     codes index).

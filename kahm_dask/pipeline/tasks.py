@@ -53,7 +53,9 @@ def train_cluster(
         rows = _read_slice(work_path, GROUPED_X_NOISY if params.private else GROUPED_X, start, stop)
         private = _read_slice(work_path, GROUPED_X, start, stop) if params.reads_private_rows else None
         fit = params.fit_cluster(rows, private)
-    info = {"class": c, "cluster": s, "n_rows": stop - start, "passes": fit.n_passes, "layer_dims": fit.model.layer_dims_}
+    info = {
+        "class": c, "cluster": s, "n_rows": stop - start, "passes": fit.n_passes, "layer_dims": fit.model.layer_dims_
+    }
     if params.private and params.r_source == "private":
         del info["passes"]  # stops at the private rows' modelling error: not DP
     save_cluster(model_path, c, s, fit.model, info, fit.dp_rows)

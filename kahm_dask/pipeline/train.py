@@ -48,11 +48,11 @@ from kahm_dask._atomic import write_json_atomic
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
 from kahm_dask.classifier import PARTITION_STREAM
-from kahm_dask.pipeline.data import store_bounds
+from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute
+from kahm_dask.pipeline.data import store_bounds
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.modelstore import write_manifest
-from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.store import DatasetStore, StoreError, is_complete, mark_complete
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
