@@ -152,7 +152,7 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 @click.option("--work", type=click.Path(path_type=Path),
               help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
 @click.option("--n-components", type=_param_type("n_components"), default=20, show_default=True)
-@click.option("--n-layers", type=_param_type("n_layers"), default=5, show_default=True)
+@click.option("--n-layers", type=_param_type("n_layers"), default=1, show_default=True)
 @click.option("--block-size", type=_param_type("block_size"), default=1000, show_default=True)
 @click.option("--epsilon", type=_param_type("epsilon"),
               help="Privacy-loss bound ε per entry; omit for a non-private model.")
@@ -228,8 +228,10 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
 @click.argument("model", type=click.Path(exists=True, path_type=Path))
 @click.argument("store", type=click.Path(exists=True, path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
+@click.option("--n-probe", type=_param_type("n_probe"), default=None,
+              help="Clusters per class each row meets (nearest centres); default: all.")
 @_cluster_options
-def predict(model, store, out, scheduler, cluster_config, n_workers, memory_limit) -> None:
+def predict(model, store, out, n_probe, scheduler, cluster_config, n_workers, memory_limit) -> None:
     """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr)."""
     from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import predict_to_store
@@ -242,7 +244,7 @@ def predict(model, store, out, scheduler, cluster_config, n_workers, memory_limi
             raise ValueError(f"{store} has {ds.n_features} features; the model {model} expects "
                              f"{n_features}. Predict rows with the features it was trained on.")
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            predict_to_store(model, ds.X(), out, client, progress=True)
+            predict_to_store(model, ds.X(), out, client, progress=True, n_probe=n_probe)
     except _user_errors() as exc:
         _fail(exc)
     click.echo(f"predictions for {ds.n_samples} rows written to {out}")

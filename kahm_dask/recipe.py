@@ -65,7 +65,7 @@ class TrainParams:
     """
 
     n_components: int = 20
-    n_layers: int = 5
+    n_layers: int = 1
     min_range: float | None = 1e-3
     epsilon: float | None = None
     dp_data: str = "fabricated"

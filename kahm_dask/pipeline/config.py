@@ -45,6 +45,7 @@ import yaml
 from dask.utils import parse_bytes
 
 from kahm_dask.params import PARAMS, Range, RuleError, check_r_value
+from kahm_dask.partition import KMEANS_DIMS
 
 __all__ = [
     "ConfigError",
@@ -439,14 +440,19 @@ def _resolve_source(source: str, key: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(Section):
-    """``model``: the DeepKAHM of each cluster and the partition into clusters."""
+    """``model``: the DeepKAHM of each cluster, the partition into clusters (``n_init``,
+    ``kmeans_dims``: the k-means of a class partitioned in one task) and the routing of
+    predictions (``n_probe``: clusters per class a query meets; null: all)."""
 
     _key: ClassVar[str] = "model"
     n_components: int = field(default=20, metadata=rule("n_components"))
-    n_layers: int = field(default=5, metadata=rule("n_layers"))
+    n_layers: int = field(default=1, metadata=rule("n_layers"))
     block_size: int = field(default=1000, metadata=rule("block_size"))
     s_rule: SRule = "round"
     min_cluster_size: int | None = field(default=None, metadata=rule("min_cluster_size"))
+    n_init: int = field(default=1, metadata=rule("n_init"))
+    kmeans_dims: int | None = field(default=KMEANS_DIMS, metadata=rule("kmeans_dims"))
+    n_probe: int | None = field(default=None, metadata=rule("n_probe"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -156,6 +156,8 @@ def settings_from_config(cfg: PipelineConfig, train: DatasetStore | None = None)
         block_size=m.block_size,
         s_rule=m.s_rule,
         min_cluster_size=m.min_cluster_size,
+        n_init=m.n_init,
+        kmeans_dims=m.kmeans_dims,
         cluster_on=p.cluster_on,
         oversampling_factor=part.oversampling_factor,
         init_max_iter=part.init_max_iter,
@@ -240,7 +242,7 @@ def membership_metrics(d_train: np.ndarray, d_test: np.ndarray, seed: int) -> di
 
 def evaluate(
     model_path: Path, pred_path: Path, train: DatasetStore, test: DatasetStore, *,
-    membership: bool = True, max_train_rows: int | None = None, seed: int = 0,
+    membership: bool = True, max_train_rows: int | None = None, seed: int = 0, n_probe: int | None = None,
 ) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
     """Accuracy from stored predictions; membership score and attack on the original
     training rows (or their seeded subset) vs the test rows. Computed on private rows: the
@@ -251,7 +253,7 @@ def evaluate(
         return metrics, None, None
     d_test = np.min(group[DISTANCES][...], axis=1)
     X = member_rows(train, max_train_rows, seed)
-    d_train = class_distance_array(model_path, X).min(axis=1).compute()
+    d_train = class_distance_array(model_path, X, n_probe=n_probe).min(axis=1).compute()  # as predicted
     metrics.update(membership_metrics(d_train, d_test, seed))
     return metrics, d_train, d_test
 
@@ -333,10 +335,11 @@ def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: bool =
     with clock.stage("fit"):
         summary = train_pipeline(train, paths.model, paths.work, settings, client, progress=progress)
     with clock.stage("predict"):
-        predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress)
+        predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress,
+                         n_probe=cfg.model.n_probe)
     quality, d_train, d_test = evaluate(
         paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
-        max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed,
+        max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
     )
     metrics = report_metrics(
         cfg, client, quality, clock.seconds, train, test, [summary], seed=summary["seed"],
