@@ -246,7 +246,7 @@ def main(argv=None) -> None:
     if args.baseline_root:
         rev = subprocess.run(["git", "-C", args.baseline_root, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=False).stdout.strip()
-        facts["baseline code"] = f"{args.baseline_root} ({rev or 'not a git checkout'})"
+        facts["baseline code"] = f"commit {rev}" if rev else "a copy outside git"
     results = {}
     for row in args.rows:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
