@@ -21,7 +21,7 @@ from kahm_dask._atomic import atomic_directory
 from kahm_dask._validation import check_finite_rows
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_dir, read_manifest
-from kahm_dask.routing import nearest_centres
+from kahm_dask.routing import nearest_centres, rows_per_centre
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
 
@@ -52,19 +52,17 @@ def _cluster_centres(paths: list[str]) -> np.ndarray:
     return np.stack([cluster_centre(path) for path in paths])
 
 
-def _probe_block(x: np.ndarray, centres: np.ndarray, n_probe: int) -> np.ndarray:
-    """(m, n_probe) indices of the clusters whose centres are nearest to each row of ``x``."""
+def _routed_class_block(x: np.ndarray, centres: np.ndarray, paths: list[str], n_probe: int) -> np.ndarray:
+    """``min`` over the ``n_probe`` clusters of nearest centre (of one class's clusters at
+    ``paths``, centres (S, p)) of Γ (m,) for the rows of ``x`` (m, p): each cluster is evaluated on
+    the rows that probe it (:func:`_cluster_block`), and a cluster no row probes is not loaded.
+    One task per (class, row chunk), so the graph does not grow with the clusters."""
     with threadpool_limits(limits=1, user_api="blas"):
-        return nearest_centres(x, centres, n_probe)
-
-
-def _routed_cluster_block(x: np.ndarray, probes: np.ndarray, s: int, path: str) -> np.ndarray:
-    """Γ (m,) of the rows of ``x`` that probe cluster ``s`` (:func:`_cluster_block`), +∞ for the
-    others; the model is not loaded when no row probes it."""
+        probes = nearest_centres(x, centres, n_probe)
     out = np.full(x.shape[0], np.inf)
-    rows = np.flatnonzero((probes == s).any(axis=1))
-    if rows.size:
-        out[rows] = _cluster_block(x[rows], path)
+    for rows, path in zip(rows_per_centre(probes, len(paths)), paths, strict=True):
+        if rows.size:
+            out[rows] = np.minimum(out[rows], _cluster_block(x[rows], path))
     return out
 
 
@@ -86,21 +84,15 @@ def class_distance_array(model_path: str | Path, X: da.Array, *, n_probe: int | 
         paths.setdefault(entry["class"], []).append(str(cluster_dir(model_path, entry["class"], entry["cluster"])))
     columns = []
     for c, class_paths in sorted(paths.items()):
-        routed = n_probe is not None and n_probe < len(class_paths)
-        if routed:
+        if n_probe is not None and n_probe < len(class_paths):
             centres = dask.delayed(_cluster_centres, pure=True)(class_paths)
-            probes = X.map_blocks(_probe_block, centres, n_probe, dtype=np.int64,
-                                  chunks=(X.chunks[0], (n_probe,)), meta=np.empty((0, 0), dtype=np.int64))
-        blocks = [
-            # meta given: otherwise dask calls the function on an empty block to infer it, which
-            # loads every cluster model in the client while the graph is built
-            da.map_blocks(_routed_cluster_block, X, probes, s, path, drop_axis=1, dtype=np.float64,
-                          meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}")
-            if routed else
-            X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
-                         token=f"kahm-dist-c{c}-s{s}")
-            for s, path in enumerate(class_paths)
-        ]
+            columns.append(X.map_blocks(_routed_class_block, centres, class_paths, n_probe, drop_axis=1,
+                                        dtype=np.float64, meta=np.empty((0,)), token=f"kahm-routed-c{c}"))
+            continue
+        # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
+        # loads every cluster model in the client while the graph is built
+        blocks = [X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+                               token=f"kahm-dist-c{c}-s{s}") for s, path in enumerate(class_paths)]
         columns.append(blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0))
     # one chunk across classes, so every Zarr chunk is written by exactly one task
     return da.stack(columns, axis=1).rechunk({1: -1})
