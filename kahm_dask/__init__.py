@@ -1,7 +1,8 @@
 """kahm-dask: differentially private classification with Kernel Affine Hull Machines on Dask.
 
 The core (this namespace) is pure NumPy/SciPy/scikit-learn; the Dask pipeline lives in
-:mod:`kahm_dask.pipeline` and is imported only when used.
+:mod:`kahm_dask.pipeline` and is imported only when used (``DaskKAHMClassifier``, its
+scikit-learn estimator, is loaded from there on first access).
 """
 
 from kahm_dask.classifier import KAHMClassifier, class_matching_scores
@@ -16,6 +17,7 @@ __all__ = [
     "DeepKAHM",
     "WideKAHM",
     "KAHMClassifier",
+    "DaskKAHMClassifier",
     "class_matching_scores",
     "solve_lambda",
     "LambdaFixedPoint",
@@ -30,3 +32,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``DaskKAHMClassifier`` on first access, so that importing the core does not import Dask."""
+    if name == "DaskKAHMClassifier":
+        from kahm_dask.pipeline.estimator import DaskKAHMClassifier
+
+        return DaskKAHMClassifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
