@@ -311,8 +311,10 @@ class KAHM(TransformerMixin, BaseEstimator):
         whitening = P.T / np.sqrt(sigma)  # (p, n)
         Z = (Y - subspace.mean) @ whitening
         K = gaussian_kernel_matrix(Z, n)
-        # divide and conquer: all eigenpairs, ~25% faster than the default MRRR driver here
-        mu, U = eigh(K, overwrite_a=True, check_finite=False, driver="evd")
+        # divide and conquer (LAPACK syevd): all eigenpairs, ~25% faster than MRRR here. NumPy's
+        # eigh releases the GIL (SciPy's holds it), so n_jobs threads fit KAHMs in parallel.
+        mu, U = np.linalg.eigh(K)
+        del K
         np.maximum(mu, 0.0, out=mu)
         Y1 = np.empty((N, p + 1))
         Y1[:, :p] = Y
