@@ -332,3 +332,25 @@ def test_federated_yaml_files_and_strict_schema(tmp_path):
     bad.write_text(text.split("federation:")[0] + "cluster:\n  n_workers: 1\n")
     with pytest.raises(ConfigError, match="missing required key 'federation'"):
         load_federated_config(bad)
+
+
+def test_site_answers_route_like_the_central_prediction(tmp_path, digits):
+    """A site's answers with ``n_probe`` are the minimum over the routed class distances of
+    :func:`class_distance_array`; ``n_probe`` ≥ the clusters of every class is the exhaustive
+    answer, bit for bit."""
+    from kahm_dask.pipeline.predict import class_distance_array
+
+    store = write_dataset(tmp_path / "s0" / "train.zarr", digits.X_train, digits.y_train)
+    train_site(0, store, tmp_path / "s0", TrainSettings(TrainParams(5, 1), seed=1, block_size=40), None)
+    queries = write_dataset(tmp_path / "test.zarr", digits.X_test, digits.y_test).X()
+    model = tmp_path / "s0" / "model.zarr"
+
+    def answers(name, n_probe):
+        out = answer_to_store(0, model, queries, store.classes, tmp_path / name, None, n_probe=n_probe)
+        return zarr.open_group(str(out), mode="r")["min_distance"][:]
+
+    routed = answers("routed.zarr", 1)
+    np.testing.assert_array_equal(routed, class_distance_array(model, queries, n_probe=1).min(axis=1).compute())
+    exhaustive = answers("all.zarr", None)
+    assert answers("wide.zarr", 1000).tobytes() == exhaustive.tobytes()
+    assert np.all(routed >= exhaustive * (1 - 1e-12)) and not np.array_equal(routed, exhaustive)
