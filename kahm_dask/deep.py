@@ -25,7 +25,7 @@ from kahm_dask.partition import (
     kmeans_partition,
     n_branches,
 )
-from kahm_dask.routing import nearest_centres, rows_per_centre
+from kahm_dask.routing import routed_minimum
 
 __all__ = ["DeepKAHM", "WideKAHM", "layer_dimensions"]
 
@@ -402,23 +402,13 @@ class WideKAHM(_BatchEvaluator):
     def _distance_rows(self, Yq: np.ndarray, n_probe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Distances (m,) and selected branch (m,) of validated queries ``Yq`` (m, p).
 
-        ``n_probe`` None or ≥ S: every branch (the blocked exhaustive path). Otherwise each
-        branch is evaluated on the queries that probe it (:func:`~kahm_dask.routing.nearest_centres`)
-        and the minimum is taken over the probed branches only, in branch order (ties: the
-        lowest branch), docs/algorithm.md#routing.
+        ``n_probe`` None or ≥ S: every branch (the blocked exhaustive path). Otherwise the
+        minimum over the probed branches only (:func:`~kahm_dask.routing.routed_minimum`,
+        docs/algorithm.md#routing).
         """
         if n_probe is None or n_probe >= self.n_branches_:
             return super()._distance_rows(Yq)
-        gamma = np.full(Yq.shape[0], np.inf)
-        index = np.zeros(Yq.shape[0], dtype=np.int64)
-        probes = nearest_centres(Yq, self.centres_, n_probe)
-        for s, rows in enumerate(rows_per_centre(probes, self.n_branches_)):
-            if rows.size:
-                g = self.branches_[s]._distance_rows(Yq[rows])[0]
-                better = g < gamma[rows]
-                gamma[rows[better]] = g[better]
-                index[rows[better]] = s
-        return gamma, index
+        return routed_minimum(Yq, self.centres_, n_probe, lambda s, rows: self.branches_[s]._distance_rows(rows)[0])
 
     def _block_into(self, yq: np.ndarray, best_g, best_img, best_s) -> None:
         """Every branch's deep output for one block of query rows; keep the nearest

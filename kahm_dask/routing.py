@@ -12,9 +12,11 @@ nearly flat in S. With ``n_probe ≥ S`` callers take the exhaustive path, bit f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-__all__ = ["nearest_centres", "rows_per_centre"]
+__all__ = ["nearest_centres", "rows_per_centre", "routed_minimum"]
 
 
 def nearest_centres(Yq: np.ndarray, centres: np.ndarray, n_probe: int) -> np.ndarray:
@@ -54,3 +56,30 @@ def rows_per_centre(probes: np.ndarray, n_centres: int) -> list[np.ndarray]:
     order = np.argsort(flat, kind="stable")  # stable: rows stay sorted within a centre
     splits = np.cumsum(np.bincount(flat, minlength=n_centres))[:-1]
     return np.split(order // k, splits)
+
+
+def routed_minimum(
+    Yq: np.ndarray, centres: np.ndarray, n_probe: int, distance: Callable[[int, np.ndarray], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The routed ``Γ^{(k)}(y) = min_{s ∈ P_k(y)} Γ_s(y)`` (m,) of the queries ``Yq`` (m, p) and the
+    branch s attaining it (m,), docs/algorithm.md#routing.
+
+    ``P_k(y)`` are the ``n_probe`` centres (S, p) nearest to y (:func:`nearest_centres`).
+    ``distance(s, rows)`` gives Γ_s (r,) of the query rows ``rows`` (r, p); it is called once
+    per branch that some query probes, in branch order, on those queries only. Ties keep the
+    lowest branch.
+
+    >>> C = np.array([[0.0], [10.0], [20.0]])
+    >>> routed_minimum(np.array([[1.0], [19.0]]), C, 1, lambda s, rows: np.abs(rows[:, 0] - C[s, 0]))
+    (array([1., 1.]), array([0, 2]))
+    """
+    gamma = np.full(Yq.shape[0], np.inf)
+    index = np.zeros(Yq.shape[0], dtype=np.int64)
+    probes = nearest_centres(Yq, centres, n_probe)
+    for s, rows in enumerate(rows_per_centre(probes, centres.shape[0])):
+        if rows.size:
+            g = distance(s, Yq[rows])
+            better = g < gamma[rows]
+            gamma[rows[better]] = g[better]
+            index[rows[better]] = s
+    return gamma, index

@@ -21,7 +21,7 @@ from kahm_dask._atomic import atomic_directory
 from kahm_dask._validation import check_finite_rows
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_dir, read_manifest
-from kahm_dask.routing import nearest_centres, rows_per_centre
+from kahm_dask.routing import routed_minimum
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
 
@@ -55,15 +55,11 @@ def _cluster_centres(paths: list[str]) -> np.ndarray:
 def _routed_class_block(x: np.ndarray, centres: np.ndarray, paths: list[str], n_probe: int) -> np.ndarray:
     """``min`` over the ``n_probe`` clusters of nearest centre (of one class's clusters at
     ``paths``, centres (S, p)) of Γ (m,) for the rows of ``x`` (m, p): each cluster is evaluated on
-    the rows that probe it (:func:`_cluster_block`), and a cluster no row probes is not loaded.
-    One task per (class, row chunk), so the graph does not grow with the clusters."""
+    the rows that probe it (:func:`_cluster_block`; the rule of
+    :func:`~kahm_dask.routing.routed_minimum`, as in the estimator), and a cluster no row probes
+    is not loaded. One task per (class, row chunk), so the graph does not grow with the clusters."""
     with threadpool_limits(limits=1, user_api="blas"):
-        probes = nearest_centres(x, centres, n_probe)
-    out = np.full(x.shape[0], np.inf)
-    for rows, path in zip(rows_per_centre(probes, len(paths)), paths, strict=True):
-        if rows.size:
-            out[rows] = np.minimum(out[rows], _cluster_block(x[rows], path))
-    return out
+        return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s]))[0]
 
 
 def class_distance_array(model_path: str | Path, X: da.Array, *, n_probe: int | None = None) -> da.Array:
