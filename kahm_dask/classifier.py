@@ -44,7 +44,7 @@ from kahm_dask.privacy.randomness import as_noise_source
 from kahm_dask.privacy.statement import plan_release
 from kahm_dask.recipe import TrainParams
 
-__all__ = ["KAHMClassifier", "class_matching_scores", "DP_DATA", "PARTITION_STREAM"]
+__all__ = ["KAHMClassifier", "class_matching_scores", "class_proportions", "DP_DATA", "PARTITION_STREAM"]
 
 DP_DATA = PARAMS["dp_data"].choices
 #: The k-means partition of class index c is seeded by ``child(SeedSequence(random_state), 1, c)``,
@@ -80,6 +80,14 @@ def class_matching_scores(distances: np.ndarray) -> np.ndarray:
     docs/algorithm.md#decision-infinite-distances).
     """
     return np.exp(-_exponent_ratios(np.asarray(distances, dtype=np.float64)))
+
+
+def class_proportions(distances: np.ndarray) -> np.ndarray:
+    """The class-matching scores (:func:`class_matching_scores`) of distances (m, C), scaled to
+    sum to 1 per row → (m, C): what ``predict_proba`` returns (a monotone re-expression of the
+    distances, not a calibrated probability)."""
+    ms = class_matching_scores(distances)
+    return ms / ms.sum(axis=1, keepdims=True)
 
 
 def _exponent_ratios(D: np.ndarray) -> np.ndarray:
@@ -447,8 +455,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
         A monotone re-expression of the distances, not a calibrated probability.
         """
-        ms = self.match_score(X)
-        return ms / ms.sum(axis=1, keepdims=True)
+        return class_proportions(self.class_distances(X))
 
     def decision_function(self, X) -> np.ndarray:
         """Negated distances ``−Γ_c`` → (m, C).

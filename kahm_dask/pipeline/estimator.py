@@ -27,6 +27,7 @@ import dask.array as da
 import numpy as np
 import zarr
 from distributed import Client, default_client
+from joblib import cpu_count
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.metrics import accuracy_score
 from sklearn.utils._param_validation import validate_parameter_constraints
@@ -37,7 +38,7 @@ from kahm_dask import __version__
 from kahm_dask._atomic import atomic_directory
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_label_types
-from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier, class_matching_scores
+from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier, class_matching_scores, class_proportions
 from kahm_dask.params import PARAMS, Range, check_r_value, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute, connect
@@ -86,23 +87,16 @@ def _current_client() -> Client | None:
         return None
 
 
-def _usable_cores() -> int:
-    """Cores this process may run on (at least 1)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
 @contextmanager
 def _training_client() -> Iterator[Client]:
     """The current client, else one on a LocalCluster of one single-threaded worker process per
-    usable core (:func:`~kahm_dask.pipeline.cluster.connect`), closed on exit."""
+    usable core (joblib's ``cpu_count``: affinity and cgroup quotas;
+    :func:`~kahm_dask.pipeline.cluster.connect`), closed on exit."""
     client = _current_client()
     if client is not None:
         yield client
         return
-    with connect(ClusterConfig(n_workers=_usable_cores(), threads_per_worker=1)) as client:
+    with connect(ClusterConfig(n_workers=cpu_count(), threads_per_worker=1)) as client:
         yield client
 
 
@@ -118,11 +112,6 @@ def _jsonable(value: Any) -> Any:
 def _take(codes: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Labels (m,) of class codes (m,)."""
     return classes[codes]
-
-
-def _normalised(scores: np.ndarray) -> np.ndarray:
-    """Rows (m, C) scaled to sum to 1."""
-    return scores / scores.sum(axis=1, keepdims=True)
 
 
 def _check_target(path: Path) -> None:
@@ -421,20 +410,21 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
                                   meta=np.empty((0,), dtype=self.classes_.dtype))
         return self._result(labels, lazy)
 
-    def _match_scores(self, X) -> tuple[da.Array, bool]:
-        D, lazy = self._distances(X)  # one chunk across classes: the scores are blockwise
-        return D.map_blocks(class_matching_scores, dtype=np.float64, meta=np.empty((0, 0))), lazy
+    def _blockwise(self, X, fn) -> da.Array | np.ndarray:
+        """``fn`` of the (m, C) distances, blockwise (one chunk across classes)."""
+        D, lazy = self._distances(X)
+        return self._result(D.map_blocks(fn, dtype=np.float64, meta=np.empty((0, 0))), lazy)
 
     def match_score(self, X) -> da.Array | np.ndarray:
         """Class-matching scores (Definition 8; docs/algorithm.md#classifier) → (m, C) in
         [e^{-1}, 1]; not probabilities."""
-        return self._result(*self._match_scores(X))
+        return self._blockwise(X, class_matching_scores)
 
     def predict_proba(self, X) -> da.Array | np.ndarray:
         """Class-matching scores normalised to sum to 1 per row → (m, C); they rank the classes
-        like the distances, but are not calibrated probabilities."""
-        scores, lazy = self._match_scores(X)
-        return self._result(scores.map_blocks(_normalised, dtype=np.float64, meta=np.empty((0, 0))), lazy)
+        like the distances, but are not calibrated probabilities
+        (:func:`~kahm_dask.classifier.class_proportions`)."""
+        return self._blockwise(X, class_proportions)
 
     def score(self, X, y=None, sample_weight=None) -> da.Array | float:
         """Accuracy (weighted by ``sample_weight`` (m,) if given) of the predictions of X.
