@@ -19,13 +19,12 @@ import warnings
 from pathlib import Path
 
 import dask
-import dask.array as da
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from kahm_dask._random import child_seed_sequence
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.store import DatasetStore, ingest, open_dataset, write_dataset
+from kahm_dask.pipeline.synthetic import synthetic_blobs
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
     BOUNDS_PUBLIC,
@@ -36,7 +35,6 @@ from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 __all__ = [
     "prepare_stores",
-    "synthetic_blobs",
     "load_source",
     "raw_bounds",
     "feature_bounds",
@@ -50,37 +48,6 @@ __all__ = [
 PUBLIC, OWNER = "public", "owner"
 #: Raw bounds implied by ``scale: tanh255`` (8-bit pixels).
 TANH255_RAW_BOUNDS = (0.0, 255.0)
-
-
-def synthetic_blobs(
-    n_samples: int, n_features: int, n_classes: int, *, seed: int, chunk_rows: int = 20_000,
-    dtype: str = "float64", separation: float = 6.0, modes_per_class: int = 16,
-) -> tuple[da.Array, np.ndarray]:
-    """Lazy class data squashed to [0, 1]: X (N, p) dask array, y (N,) int64.
-
-    Each class is a mixture of ``modes_per_class`` unit-variance Gaussian modes around a class
-    centre (class centres ``separation`` apart in RMS, modes half as far from their centre), so
-    the per-class k-means partition has structure to find. Row block b is generated from
-    ``child(SeedSequence(seed), 1, b)``: the data never exist whole in memory, and any block
-    can be regenerated alone.
-    """
-    root = np.random.SeedSequence(seed)
-    rng = np.random.default_rng(child_seed_sequence(root, 0))
-    scale = separation / np.sqrt(2.0 * n_features)
-    centres = rng.standard_normal((n_classes, 1, n_features)) * scale
-    centres = centres + rng.standard_normal((n_classes, modes_per_class, n_features)) * (scale / 2)
-    y = rng.integers(0, n_classes, size=n_samples).astype(np.int64)
-    mode = rng.integers(0, modes_per_class, size=n_samples)
-    chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
-
-    def block(block_info=None) -> np.ndarray:
-        (start, stop), _ = block_info[None]["array-location"]
-        g = np.random.default_rng(child_seed_sequence(root, 1, block_info[None]["chunk-location"][0]))
-        x = centres[y[start:stop], mode[start:stop]] + g.standard_normal((stop - start, n_features))
-        return (1.0 / (1.0 + np.exp(-x / 4.0))).astype(dtype)
-
-    X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
-    return X, y
 
 
 def load_source(source: str, raw_path: Path, chunk_rows: int | None) -> DatasetStore:

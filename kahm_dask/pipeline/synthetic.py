@@ -1,0 +1,117 @@
+"""Synthetic class data generated lazily on the workers: :func:`synthetic_blobs`.
+
+The rows never exist whole in memory, and each task's description is a few hundred bytes
+whatever the data size: a task regenerates what it needs from the seed (the class and mode
+centres are cached once per worker process), instead of carrying the centres and the per-row
+labels in its closure. That closure was about 9 MB for 4096 features and 264k rows; workers
+keep the description of tasks they have run while their results are still needed, so at
+512-row chunks two 1 GiB workers filled with task descriptions, paused, and the ingest
+stalled (``tests/pipeline/test_synthetic.py`` checks the size of a task).
+
+The data do not depend on the chunking: rows are drawn in fixed generator blocks of
+:data:`GENERATOR_ROWS` rows, block ``g`` from ``child(SeedSequence(seed), 1, g)`` (its labels,
+then its modes, then its noise), and a chunk draws the blocks it overlaps.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import dask.array as da
+import numpy as np
+
+from kahm_dask._random import child_seed_sequence
+
+__all__ = ["GENERATOR_ROWS", "synthetic_blobs", "blob_labels"]
+
+#: Rows per generator block (the unit of the random streams; chunks may be any size).
+GENERATOR_ROWS = 256
+#: The logistic squash's scale: feature = 1 / (1 + exp(-x / SQUASH)).
+SQUASH = 4.0
+
+
+@lru_cache(maxsize=4)
+def _centres(seed: int, n_classes: int, modes_per_class: int, n_features: int, separation: float) -> np.ndarray:
+    """Mode centres (C, M, p): class centres ``separation`` apart in RMS, modes half as far from
+    their class centre; from ``child(SeedSequence(seed), 0)``. Cached per process (read-only)."""
+    rng = np.random.default_rng(child_seed_sequence(np.random.SeedSequence(seed), 0))
+    scale = separation / np.sqrt(2.0 * n_features)
+    centres = rng.standard_normal((n_classes, 1, n_features)) * scale
+    centres = centres + rng.standard_normal((n_classes, modes_per_class, n_features)) * (scale / 2)
+    centres.setflags(write=False)
+    return centres
+
+
+def _block_rng(seed: int, g: int) -> np.random.Generator:
+    return np.random.default_rng(child_seed_sequence(np.random.SeedSequence(seed), 1, g))
+
+
+def _block_codes(
+    rng: np.random.Generator, n: int, n_classes: int, modes_per_class: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Labels (n,) and modes (n,) of one generator block: the first two draws of its stream."""
+    return rng.integers(0, n_classes, size=n).astype(np.int64), rng.integers(0, modes_per_class, size=n)
+
+
+def _block_sizes(n_samples: int) -> range:
+    return range(0, n_samples, GENERATOR_ROWS)
+
+
+def blob_labels(n_samples: int, n_classes: int, *, seed: int, modes_per_class: int = 16) -> np.ndarray:
+    """The labels (N,) int64 of :func:`synthetic_blobs` with the same arguments, without its rows."""
+    parts = [
+        _block_codes(_block_rng(seed, g), min(GENERATOR_ROWS, n_samples - start), n_classes, modes_per_class)[0]
+        for g, start in enumerate(_block_sizes(n_samples))
+    ]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def _rows(start: int, stop: int, *, seed: int, n_classes: int, modes_per_class: int, n_features: int,
+          separation: float, n_samples: int, dtype: str) -> np.ndarray:
+    """Rows ``start:stop`` (stop − start, p): squashed Gaussian draws around their mode centre."""
+    centres = _centres(seed, n_classes, modes_per_class, n_features, separation)
+    out = np.empty((stop - start, n_features), dtype=dtype)
+    first, last = start // GENERATOR_ROWS, (stop - 1) // GENERATOR_ROWS
+    for g in range(first, last + 1):  # the few generator blocks this chunk overlaps
+        g_start = g * GENERATOR_ROWS
+        n = min(GENERATOR_ROWS, n_samples - g_start)
+        rng = _block_rng(seed, g)
+        y, mode = _block_codes(rng, n, n_classes, modes_per_class)
+        x = centres[y, mode] + rng.standard_normal((n, n_features))
+        lo, hi = max(start, g_start), min(stop, g_start + n)
+        x = x[lo - g_start : hi - g_start]
+        out[lo - start : hi - start] = 1.0 / (1.0 + np.exp(-x / SQUASH))
+    return out
+
+
+def synthetic_blobs(
+    n_samples: int, n_features: int, n_classes: int, *, seed: int, chunk_rows: int = 20_000,
+    dtype: str = "float64", separation: float = 6.0, modes_per_class: int = 16,
+) -> tuple[da.Array, np.ndarray]:
+    """Lazy class data squashed to (0, 1): X (N, p) dask array with ``chunk_rows``-row chunks,
+    y (N,) int64.
+
+    Each class is a mixture of ``modes_per_class`` unit-variance Gaussian modes around a class
+    centre, so the per-class k-means partition has structure to find; a row is
+    ``1 / (1 + exp(-(centre[y, mode] + z) / 4))`` with z ~ N(0, I_p). The same arguments give the
+    same rows for every ``chunk_rows`` (module docstring).
+
+    Examples
+    --------
+    >>> X, y = synthetic_blobs(1000, 8, 3, seed=0, chunk_rows=300)
+    >>> X.shape, X.chunks[0], y.shape
+    ((1000, 8), (300, 300, 300, 100), (1000,))
+    >>> bool((X.compute() == synthetic_blobs(1000, 8, 3, seed=0, chunk_rows=512)[0].compute()).all())
+    True
+    """
+    y = blob_labels(n_samples, n_classes, seed=seed, modes_per_class=modes_per_class)
+    chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
+    spec = dict(seed=seed, n_classes=n_classes, modes_per_class=modes_per_class, n_features=n_features,
+                separation=float(separation), n_samples=n_samples, dtype=str(np.dtype(dtype)))
+
+    def block(block_info=None) -> np.ndarray:  # closes over scalars only: a task stays small
+        (start, stop), _ = block_info[None]["array-location"]
+        return _rows(start, stop, **spec)
+
+    X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
+    return X, y
