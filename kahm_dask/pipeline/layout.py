@@ -19,10 +19,11 @@ computes (the pipeline stays bit-identical to the in-memory classifier).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import dask.array as da
 import numpy as np
+
+from kahm_dask.pipeline.location import LocationLike, as_location
 
 __all__ = ["ClassLayout", "class_layout", "grouped_layout", "write_grouped"]
 
@@ -76,10 +77,11 @@ def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[np.nda
     return indexer, table
 
 
-def write_grouped(source: da.Array, groups: list[np.ndarray], path: Path, chunk_rows: int) -> da.Array:
+def write_grouped(source: da.Array, groups: list[np.ndarray], path: LocationLike, chunk_rows: int) -> da.Array:
     """Write ``source`` (N, p) with its rows in the order of ``groups`` (arrays of row indices
-    of ``source``, concatenated) to a Zarr array at ``path`` with (chunk_rows, p) chunks;
-    returns it as a dask array read back from Zarr.
+    of ``source``, concatenated) to a Zarr array at ``path`` (a local path or a
+    :class:`~kahm_dask.pipeline.location.Location`) with (chunk_rows, p) chunks; returns it as a
+    dask array read back from Zarr.
 
     Groups longer than ``chunk_rows`` are cut into pieces first: ``dask.array.shuffle`` keeps
     each group in one chunk and would otherwise split the columns of the whole array, which
@@ -87,5 +89,6 @@ def write_grouped(source: da.Array, groups: list[np.ndarray], path: Path, chunk_
     """
     pieces = [g[i:i + chunk_rows].tolist() for g in groups for i in range(0, len(g), chunk_rows)]
     grouped = da.shuffle(source, pieces, axis=0).rechunk((chunk_rows, source.shape[1]))
-    grouped.to_zarr(str(path), overwrite=True, zarr_format=3)
-    return da.from_zarr(str(path))
+    url, storage_options = as_location(path).dask_target()
+    grouped.to_zarr(url, storage_options=storage_options, overwrite=True, zarr_format=3)
+    return da.from_zarr(url, storage_options=storage_options)

@@ -1,6 +1,7 @@
 """The model store: one Zarr group per (class, cluster) DeepKAHM, written atomically.
 
-Layout (zarr v3, local filesystem)::
+Layout (zarr v3, on the local filesystem or at a URL fsspec reaches, with ``storage_options``:
+:mod:`kahm_dask.pipeline.location`)::
 
     <model>.zarr/
       zarr.json                      attributes "kahm_dask_model": manifest (params, the public
@@ -15,7 +16,11 @@ Layout (zarr v3, local filesystem)::
 
 A cluster group is written with its completion marker under a temporary name and renamed
 into place in one step, so a reader never sees half a cluster, a complete cluster is never
-replaced, and a rerun skips finished ones (resume).
+replaced, and a rerun skips finished ones (resume). Object stores have no rename: there a
+cluster is written in its final place with its marker ``_COMPLETE.json`` last (a reader treats a
+cluster without it as absent), and a remote model store is complete only with its own top-level
+``_COMPLETE.json``, written last (:func:`mark_model_complete`; :func:`read_manifest` refuses a
+remote store without it).
 In a DP run only DP data (fabricated or noisy rows), models fitted on them and public settings
 are written here: nothing else computed from private rows.
 """
@@ -23,22 +28,27 @@ are written here: nothing else computed from private rows.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from json import JSONDecodeError
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
 
 from kahm_dask._atomic import sibling_path
 from kahm_dask.deep import DeepKAHM
+from kahm_dask.pipeline.location import COMPLETE_FILE, Location, LocationLike, as_location, is_committed
 
 __all__ = [
     "cluster_name",
     "cluster_dir",
+    "cluster_location",
     "save_cluster",
     "load_cluster",
     "cached_cluster",
@@ -46,10 +56,12 @@ __all__ = [
     "cluster_done",
     "write_manifest",
     "read_manifest",
+    "mark_model_complete",
 ]
 
 MANIFEST_KEY = "kahm_dask_model"
-_COMPLETE = "_COMPLETE.json"
+_COMPLETE = COMPLETE_FILE
+Options = Mapping[str, Any] | None
 
 
 def cluster_name(c: int, s: int) -> str:
@@ -57,60 +69,89 @@ def cluster_name(c: int, s: int) -> str:
 
 
 def cluster_dir(model_path: str | Path, c: int, s: int) -> Path:
+    """The local directory of cluster (c, s) of the model store at the local ``model_path``."""
     return Path(model_path) / "clusters" / cluster_name(c, s)
 
 
-def cluster_done(model_path: str | Path, c: int, s: int) -> dict | None:
+def cluster_location(model_path: LocationLike, c: int, s: int, storage_options: Options = None) -> Location:
+    """Where cluster (c, s) of the model store at ``model_path`` (a path or URL) is."""
+    return as_location(model_path, storage_options) / f"clusters/{cluster_name(c, s)}"
+
+
+def cluster_done(model_path: LocationLike, c: int, s: int, storage_options: Options = None) -> dict | None:
     """The task info of a finished cluster, or None if it is absent or incomplete.
 
     An unreadable marker (a file damaged outside this library) counts as incomplete, so a
     rerun retrains that cluster instead of failing.
     """
-    return _read_marker(cluster_dir(model_path, c, s))
+    return _read_marker(cluster_location(model_path, c, s, storage_options))
 
 
-def _read_marker(directory: Path) -> dict | None:
+def _read_marker(directory: LocationLike) -> dict | None:
     try:
-        info = json.loads((directory / _COMPLETE).read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
+        info = (as_location(directory) / _COMPLETE).read_json()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, JSONDecodeError, UnicodeDecodeError):
         return None
     return info if isinstance(info, dict) else None
 
 
 def save_cluster(
-    model_path: str | Path, c: int, s: int, model: DeepKAHM, info: dict, dp_rows: np.ndarray | None = None
-) -> Path:
-    """Write one cluster's model (and DP rows) atomically; returns the cluster directory.
+    model_path: LocationLike,
+    c: int,
+    s: int,
+    model: DeepKAHM,
+    info: dict,
+    dp_rows: np.ndarray | None = None,
+    *,
+    storage_options: Options = None,
+) -> Path | str:
+    """Write one cluster's model (and DP rows) atomically; returns the cluster directory (its
+    URL for a remote model store).
 
     The group *and its completion marker* are written under a temporary name, then the
     directory is renamed into place: a reader sees no cluster or a complete one, never a
     partial one. If the cluster is already complete (another execution of this pure task
     won, e.g. a task re-run after its worker was presumed dead), the new copy is discarded:
-    a complete cluster is never deleted or replaced.
+    a complete cluster is never deleted or replaced. On an object store (no rename) the group
+    is written in place and the marker last; a failed write is deleted unless another
+    execution completed the cluster.
     """
-    final = cluster_dir(model_path, c, s)
-    if cluster_done(model_path, c, s) is not None:
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = sibling_path(final, "tmp")
+    final = cluster_location(model_path, c, s, storage_options)
+    if _read_marker(final) is not None:
+        return final.public()
+    if not final.is_local:
+        try:
+            _write_cluster(final, model, info, dp_rows)
+        except BaseException:
+            if _read_marker(final) is None:
+                final.remove()
+            raise
+        return final.url
+    final.path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = sibling_path(final.path, "tmp")
     try:
-        layer_states, meta = model.to_state()
-        group = zarr.open_group(tmp, mode="w", zarr_format=3)
-        scalars = []
-        for k, (arrays, sc) in enumerate(layer_states):
-            layer = group.create_group(f"layer{k}")
-            for name, arr in arrays.items():
-                layer.create_array(name, data=np.ascontiguousarray(arr))
-            scalars.append(sc)
-        if dp_rows is not None:
-            group.create_array("fabricated", data=np.ascontiguousarray(dp_rows))
-        group.attrs.update({"deep": meta, "layers": scalars, "info": info})
-        (tmp / _COMPLETE).write_text(json.dumps(info))
-        _commit(tmp, final)
+        _write_cluster(as_location(tmp), model, info, dp_rows)
+        _commit(tmp, final.path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return final.path
+
+
+def _write_cluster(where: Location, model: DeepKAHM, info: dict, dp_rows: np.ndarray | None) -> None:
+    """Write the cluster group (layers, DP rows, attributes) at ``where``, then its marker."""
+    layer_states, meta = model.to_state()
+    group = zarr.open_group(where.zarr_store(), mode="a", zarr_format=3)
+    scalars = []
+    for k, (arrays, sc) in enumerate(layer_states):
+        layer = group.require_group(f"layer{k}")
+        for name, arr in arrays.items():
+            layer.create_array(name, data=np.ascontiguousarray(arr), overwrite=True)
+        scalars.append(sc)
+    if dp_rows is not None:
+        group.create_array("fabricated", data=np.ascontiguousarray(dp_rows), overwrite=True)
+    group.attrs.update({"deep": meta, "layers": scalars, "info": info})
+    (where / _COMPLETE).write_json(info)
 
 
 def _commit(tmp: Path, final: Path, attempts: int = 5) -> None:
@@ -138,12 +179,12 @@ def _commit(tmp: Path, final: Path, attempts: int = 5) -> None:
     raise OSError(f"could not commit cluster {final}: other writers kept replacing it.")
 
 
-def load_cluster(path: str | Path) -> DeepKAHM:
-    """Read a cluster's DeepKAHM from its directory (must be complete)."""
-    path = Path(path)
+def load_cluster(path: LocationLike, storage_options: Options = None) -> DeepKAHM:
+    """Read a cluster's DeepKAHM from its directory or URL (must be complete)."""
+    path = as_location(path, storage_options)
     if not (path / _COMPLETE).exists():
         raise FileNotFoundError(f"cluster model {path} is missing or incomplete.")
-    group = zarr.open_group(path, mode="r", zarr_format=3)
+    group = zarr.open_group(path.zarr_store(read_only=True), mode="r", zarr_format=3)
     attrs = group.attrs.asdict()
     states = []
     for k, scalars in enumerate(attrs["layers"]):
@@ -153,23 +194,26 @@ def load_cluster(path: str | Path) -> DeepKAHM:
     return DeepKAHM.from_state(states, attrs["deep"])
 
 
-def cluster_centre(path: str | Path) -> np.ndarray:
+def cluster_centre(path: LocationLike, storage_options: Options = None) -> np.ndarray:
     """The routing centre (p,) of a stored cluster: the mean of its training rows (the first
     layer's ``mean_``; every layer models the same rows), read without loading the model."""
-    return zarr.open_array(Path(path) / "layer0" / "mean", mode="r")[...]
+    mean = as_location(path, storage_options) / "layer0/mean"
+    return zarr.open_array(mean.zarr_store(read_only=True), mode="r", zarr_format=3)[...]
 
 
-def cached_cluster(path: str) -> DeepKAHM:
+def cached_cluster(path: LocationLike, storage_options: Options = None) -> DeepKAHM:
     """Per-process cache of loaded cluster models (prediction reads each many times).
 
-    Keyed by the path *and* the identity of its completion marker (inode, mtime, size), so
-    a long-lived worker reloads a cluster that was retrained at the same path.
+    Keyed by the path *and* the identity of its completion marker (local: inode, mtime, size;
+    remote: size and ETag or modification time), so a long-lived worker reloads a cluster that
+    was retrained at the same path.
     """
+    path = as_location(path, storage_options)
     try:
-        st = (Path(path) / _COMPLETE).stat()
+        stamp = (path / _COMPLETE).stamp()
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(f"cluster model {path} is missing or incomplete.") from None
-    key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    key = (str(path), *stamp)
     with _CACHE_LOCK:
         model = _CACHE.get(key)
         if model is not None:
@@ -195,16 +239,33 @@ def _model_bytes(model: DeepKAHM) -> int:
     return sum(layer.beta_.nbytes + layer.codes_.nbytes + layer.components_.nbytes for layer in layers)
 
 
-def write_manifest(model_path: str | Path, manifest: dict) -> None:
-    group = zarr.open_group(model_path, mode="a", zarr_format=3)
+def write_manifest(model_path: LocationLike, manifest: dict, *, storage_options: Options = None) -> None:
+    """Store ``manifest`` in the attributes of the model store at ``model_path`` (created if absent)."""
+    group = zarr.open_group(as_location(model_path, storage_options).zarr_store(), mode="a", zarr_format=3)
     group.attrs[MANIFEST_KEY] = manifest
 
 
-def read_manifest(model_path: str | Path) -> dict:
-    path = Path(model_path)
+def mark_model_complete(model_path: LocationLike, *, storage_options: Options = None) -> None:
+    """Write the top-level completion marker of a remote model store (last, when every cluster
+    is written); nothing for a local one (its readers need no marker)."""
+    path = as_location(model_path, storage_options)
+    if not path.is_local:
+        (path / _COMPLETE).write_json({"complete": True, "time": datetime.now(UTC).isoformat()})
+
+
+def read_manifest(model_path: LocationLike, *, storage_options: Options = None) -> dict:
+    """The manifest of the model store at ``model_path`` (a path or URL).
+
+    FileNotFoundError if there is none, or if a remote store has no completion marker (its
+    write did not finish); ValueError if the Zarr group there has no manifest.
+    """
+    path = as_location(model_path, storage_options)
     if not (path / "zarr.json").exists():
         raise FileNotFoundError(f"no model store at {path} (run `kahm-dask train` first).")
-    attrs = zarr.open_group(path, mode="r", zarr_format=3).attrs.asdict()
+    if not is_committed(path):
+        raise FileNotFoundError(f"the model store at {path} is incomplete (no {_COMPLETE}: its write did not "
+                                "finish); write it again.")
+    attrs = zarr.open_group(path.zarr_store(read_only=True), mode="r", zarr_format=3).attrs.asdict()
     if MANIFEST_KEY not in attrs:
         raise ValueError(f"{path} is not a kahm-dask model store (no manifest).")
     return attrs[MANIFEST_KEY]

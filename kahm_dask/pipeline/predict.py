@@ -9,7 +9,8 @@ classes run blockwise too. Distances and predictions are written back to Zarr.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
+from typing import Any
 
 import dask
 import dask.array as da
@@ -17,10 +18,10 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
-from kahm_dask._atomic import atomic_directory
 from kahm_dask._validation import check_finite_rows
 from kahm_dask.pipeline.cluster import compute
-from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_dir, read_manifest
+from kahm_dask.pipeline.location import Location, LocationLike, as_location, committed_directory
+from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_location, read_manifest
 from kahm_dask.routing import routed_minimum
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
@@ -29,7 +30,7 @@ PREDICTIONS = "predictions"
 DISTANCES = "class_distances"
 
 
-def _cluster_block(x: np.ndarray, path: str) -> np.ndarray:
+def _cluster_block(x: np.ndarray, path: Location) -> np.ndarray:
     """Γ (m,) of the rows of one block (m, p) under one cluster's DeepKAHM (Definition 4).
 
     Evaluated in sub-blocks of query rows with all layers per sub-block while it is in cache,
@@ -46,13 +47,13 @@ def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
     return check_finite_rows(np.asarray(x, dtype=np.float64), "X", offset)
 
 
-def _cluster_centres(paths: list[str]) -> np.ndarray:
+def _cluster_centres(paths: list[Location]) -> np.ndarray:
     """Routing centres (S, p) of the clusters at ``paths`` (run in a task: the client never
     reads the model store)."""
     return np.stack([cluster_centre(path) for path in paths])
 
 
-def _routed_class_block(x: np.ndarray, centres: np.ndarray, paths: list[str], n_probe: int) -> np.ndarray:
+def _routed_class_block(x: np.ndarray, centres: np.ndarray, paths: list[Location], n_probe: int) -> np.ndarray:
     """``min`` over the ``n_probe`` clusters of nearest centre (of one class's clusters at
     ``paths``, centres (S, p)) of Γ (m,) for the rows of ``x`` (m, p): each cluster is evaluated on
     the rows that probe it (:func:`_cluster_block`; the rule of
@@ -62,22 +63,31 @@ def _routed_class_block(x: np.ndarray, centres: np.ndarray, paths: list[str], n_
         return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s]))[0]
 
 
-def class_distance_array(model_path: str | Path, X: da.Array, *, n_probe: int | None = None) -> da.Array:
+def class_distance_array(
+    model_path: LocationLike,
+    X: da.Array,
+    *,
+    n_probe: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> da.Array:
     """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p).
 
-    ``n_probe`` routes (docs/algorithm.md#routing): per class, each row is evaluated on the
-    ``n_probe`` clusters whose centres are nearest to it and the minimum is over those; None or
-    ``n_probe ≥`` a class's clusters evaluates all of them (the same graph as before).
+    ``model_path`` is a path or a URL read with fsspec ``storage_options`` (the tasks get the
+    URL and the options, and open the cluster models themselves). ``n_probe`` routes
+    (docs/algorithm.md#routing): per class, each row is evaluated on the ``n_probe`` clusters
+    whose centres are nearest to it and the minimum is over those; None or ``n_probe ≥`` a
+    class's clusters evaluates all of them (the same graph as before).
     """
+    model_path = as_location(model_path, storage_options)
     manifest = read_manifest(model_path)
     if X.ndim != 2 or X.shape[1] != manifest["n_features"]:
         raise ValueError(
             f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
         )
     X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
-    paths: dict[int, list[str]] = {}
+    paths: dict[int, list[Location]] = {}
     for entry in manifest["clusters"]:
-        paths.setdefault(entry["class"], []).append(str(cluster_dir(model_path, entry["class"], entry["cluster"])))
+        paths.setdefault(entry["class"], []).append(cluster_location(model_path, entry["class"], entry["cluster"]))
     columns = []
     for c, class_paths in sorted(paths.items()):
         if n_probe is not None and n_probe < len(class_paths):
@@ -95,13 +105,14 @@ def class_distance_array(model_path: str | Path, X: da.Array, *, n_probe: int | 
 
 
 def predict_to_store(
-    model_path: str | Path,
+    model_path: LocationLike,
     X: da.Array,
-    out_path: str | Path,
+    out_path: LocationLike,
     client=None,
     *,
     progress: bool = False,
     n_probe: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> zarr.Group:
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
@@ -109,16 +120,19 @@ def predict_to_store(
     scheduler; ``n_probe`` routes as in :func:`class_distance_array`. Written under a temporary
     name and renamed into place when complete
     (:func:`kahm_dask._atomic.atomic_directory`): a failed job leaves the previous predictions
-    untouched. Returns the written group, whose attributes hold ``classes`` (the labels the
-    codes index).
+    untouched (on an object store: written in place, marker last,
+    :func:`~kahm_dask.pipeline.location.committed_directory`). Paths may be URLs, read and
+    written with fsspec ``storage_options``. Returns the written group, whose attributes hold
+    ``classes`` (the labels the codes index).
     """
+    model_path = as_location(model_path, storage_options)
     D = class_distance_array(model_path, X, n_probe=n_probe)
     codes = D.argmin(axis=1).astype(np.int64)
-    out = Path(out_path)
-    with atomic_directory(out) as tmp:
-        group = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+    out = as_location(out_path, storage_options)
+    with committed_directory(out) as tmp:
+        group = zarr.open_group(tmp.zarr_store(), mode="w", zarr_format=3)
         d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
         p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
         compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress)
         group.attrs["classes"] = read_manifest(model_path)["classes"]
-    return zarr.open_group(str(out), mode="r", zarr_format=3)
+    return zarr.open_group(out.zarr_store(read_only=True), mode="r", zarr_format=3)

@@ -1,6 +1,7 @@
 """Zarr v3 dataset store: the format, and writing, ingesting and opening stores.
 
-A dataset store is a Zarr v3 group on the local filesystem::
+A dataset store is a Zarr v3 group on the local filesystem or at a URL fsspec reaches
+(``s3://``, ``gs://``, …, with ``storage_options``; :mod:`kahm_dask.pipeline.location`)::
 
     <path>/
       zarr.json              group attributes {"kahm_dask": {...}} (see below)
@@ -16,7 +17,10 @@ minimum and maximum of the private data are never computed or stored: they are p
 
 Stores are created in a temporary hidden sibling directory ``.<name>.tmp-<uuid>`` and
 renamed into place when complete (:func:`kahm_dask._atomic.atomic_directory`), so an
-interrupted ingest never leaves a half-written store at ``<path>``. Arrays are read lazily
+interrupted ingest never leaves a half-written store at ``<path>``. Object stores have no
+rename: a store there is written in place with its completion marker ``_COMPLETE.json`` last,
+and :func:`open_dataset` refuses a remote store without it
+(:func:`~kahm_dask.pipeline.location.committed_directory`). Arrays are read lazily
 as Dask arrays backed by Zarr; no cluster is needed. The readers of the input formats are in
 :mod:`kahm_dask.pipeline.sources`, the checks of rows and labels in
 :mod:`kahm_dask.pipeline.rows`.
@@ -30,7 +34,8 @@ from __future__ import annotations
 import json
 import numbers
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,14 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from kahm_dask._atomic import atomic_directory, write_text_atomic
+from kahm_dask.pipeline.location import (
+    COMPLETE_FILE,
+    Location,
+    LocationLike,
+    as_location,
+    committed_directory,
+    is_committed,
+)
 from kahm_dask.pipeline.rows import label_array, rows_per_chunk
 from kahm_dask.pipeline.sources import Source, array_source, dask_source, resolve_source
 
@@ -56,7 +68,6 @@ __all__ = [
 
 FORMAT_VERSION = 1
 ATTRS_KEY = "kahm_dask"
-COMPLETE_FILE = "_COMPLETE.json"
 
 PathLike = str | os.PathLike[str]
 
@@ -74,19 +85,28 @@ class DatasetStore:
 
     ``classes[code]`` is the original label of code ``code``; ``class_counts`` maps each
     original label to its number of rows; ``attrs`` is the ``kahm_dask`` attribute dict.
+    ``path`` is a :class:`~pathlib.Path`, or the URL of a remote store read with
+    ``storage_options`` (not compared, not shown: they may hold credentials).
     """
 
-    path: Path
+    path: Path | str
     n_samples: int
     n_features: int
     classes: tuple[int | str, ...]
     class_counts: dict[int | str, int]
     chunk_rows: int
     attrs: dict[str, Any]
+    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def location(self) -> Location:
+        """Where the store is (:class:`~kahm_dask.pipeline.location.Location`)."""
+        return as_location(self.path, self.storage_options)
 
     def X(self) -> da.Array:
         """Lazy Dask array of shape (N, p) reading from Zarr; row chunks = Zarr chunks."""
-        return da.from_zarr(str(self.path), component="X")
+        url, storage_options = self.location.dask_target()
+        return da.from_zarr(url, component="X", storage_options=storage_options)
 
     def y(self) -> np.ndarray:
         """Class codes, int64 array of shape (N,)."""
@@ -140,7 +160,7 @@ class DatasetStore:
         return np.asarray(self._array("X")[start:stop], dtype=np.float64)
 
     def _array(self, name: str) -> zarr.Array:
-        return zarr.open_group(self.path, mode="r", zarr_format=3)[name]
+        return zarr.open_group(self.location.zarr_store(read_only=True), mode="r", zarr_format=3)[name]
 
 
 # --------------------------------------------------------------------- public functions
@@ -156,8 +176,10 @@ def write_dataset(
     source: str = "array",
     overwrite: bool = False,
     feature_range: tuple[Any, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> DatasetStore:
-    """Write X (N, p) and labels y (N,) to a new dataset store at ``path``.
+    """Write X (N, p) and labels y (N,) to a new dataset store at ``path`` (a local path or a
+    URL, with fsspec ``storage_options``).
 
     ``X`` is a NumPy array (or any array with ``shape``, ``dtype`` and row slicing, such
     as a memmap) or a Dask array; Dask arrays are written chunk by chunk in parallel and
@@ -171,7 +193,7 @@ def write_dataset(
     else:
         src = array_source(X, y, source)
     return _build_store(
-        path, src, chunk_rows=chunk_rows, dtype=target, overwrite=overwrite,
+        as_location(path, storage_options), src, chunk_rows=chunk_rows, dtype=target, overwrite=overwrite,
         feature_range=feature_range,
     )
 
@@ -188,8 +210,10 @@ def ingest(
     y_key: str = "y",
     overwrite: bool = False,
     feature_range: tuple[Any, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> DatasetStore:
-    """Ingest a dataset file into a new store at ``path``, streaming rows in chunks.
+    """Ingest a dataset file into a new store at ``path`` (a local path or a URL, with fsspec
+    ``storage_options``), streaming rows in chunks.
 
     ``source`` is one of:
 
@@ -206,22 +230,25 @@ def ingest(
     src = resolve_source(source, label_column=label_column, header=header,
                          x_key=x_key, y_key=y_key)
     return _build_store(
-        path, src, chunk_rows=chunk_rows, dtype=target, overwrite=overwrite,
+        as_location(path, storage_options), src, chunk_rows=chunk_rows, dtype=target, overwrite=overwrite,
         feature_range=feature_range,
     )
 
 
-def open_dataset(path: PathLike) -> DatasetStore:
-    """Open the dataset store at ``path`` after checking that it is complete and consistent.
+def open_dataset(path: LocationLike, *, storage_options: Mapping[str, Any] | None = None) -> DatasetStore:
+    """Open the dataset store at ``path`` (a local path or a URL, with fsspec
+    ``storage_options``) after checking that it is complete and consistent.
 
-    Raises ``FileNotFoundError`` if ``path`` does not exist and :class:`StoreError` if it
-    is not a Zarr v3 group, lacks the ``kahm_dask`` attributes, has another format
-    version, or its arrays disagree with each other or with the attributes.
+    Raises ``FileNotFoundError`` if ``path`` does not exist (or, on an object store, has no
+    completion marker: its write did not finish) and :class:`StoreError` if it is not a Zarr
+    v3 group, lacks the ``kahm_dask`` attributes, has another format version, or its arrays
+    disagree with each other or with the attributes.
     """
-    path = _abs(path)
-    if not path.exists():
+    path = as_location(path, storage_options)
+    if not is_committed(path):
+        incomplete = "" if not path.exists() else f" (no {COMPLETE_FILE}: its write did not finish)"
         raise FileNotFoundError(
-            f"No dataset store at {path}; create one with ingest() or write_dataset()."
+            f"No dataset store at {path}{incomplete}; create one with ingest() or write_dataset()."
         )
     group = _open_group(path)
     attrs = group.attrs.asdict().get(ATTRS_KEY)
@@ -235,29 +262,30 @@ def open_dataset(path: PathLike) -> DatasetStore:
     return _check_consistent(path, group, attrs)
 
 
-def mark_complete(path: PathLike, info: dict[str, Any]) -> None:
-    """Atomically write the JSON dict ``info`` to ``<path>/_COMPLETE.json``.
+def mark_complete(path: LocationLike, info: dict[str, Any]) -> None:
+    """Atomically write the JSON dict ``info`` to ``<path>/_COMPLETE.json`` (``path``: a local
+    directory or a :class:`~kahm_dask.pipeline.location.Location`).
 
     Note: Zarr warns (``ZarrUserWarning``) about this non-Zarr file when the members of a
     group at ``path`` are listed; direct access by name is unaffected.
     """
-    directory = _abs(path)
-    if not directory.is_dir():
+    directory = as_location(path)
+    if not (directory.path.is_dir() if directory.is_local else directory.exists()):
         raise FileNotFoundError(f"Cannot mark {directory} complete: no such directory.")
     try:
         text = json.dumps(info, indent=2, sort_keys=True)
     except TypeError as exc:
         raise TypeError(f"mark_complete info must be JSON-serializable: {exc}") from None
-    write_text_atomic(directory / COMPLETE_FILE, text)
+    (directory / COMPLETE_FILE).write_text(text)
 
 
-def is_complete(path: PathLike) -> dict[str, Any] | None:
+def is_complete(path: LocationLike) -> dict[str, Any] | None:
     """The info dict written by :func:`mark_complete` for ``path``, or None if absent."""
-    marker = _abs(path) / COMPLETE_FILE
-    if not marker.is_file():
-        return None
+    marker = as_location(path) / COMPLETE_FILE
     try:
-        return json.loads(marker.read_text(encoding="utf-8"))
+        return json.loads(marker.read_text())
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
     except json.JSONDecodeError as exc:
         raise StoreError(f"Completion marker {marker} is not valid JSON ({exc}); "
                          "delete it and rerun the step.") from None
@@ -267,7 +295,7 @@ def is_complete(path: PathLike) -> dict[str, Any] | None:
 
 
 def _build_store(
-    path: PathLike,
+    target: Location,
     src: Source,
     *,
     chunk_rows: int | None,
@@ -277,15 +305,16 @@ def _build_store(
 ) -> DatasetStore:
     """Write ``src`` into a temporary store and move it to ``path`` when complete.
 
-    An existing ``path`` is replaced only if ``overwrite`` and it is a Zarr store, checked
-    before the first write and again before the new store is moved into place.
+    An existing ``target`` is replaced only if ``overwrite`` and it is a Zarr store, checked
+    before the first write and, for a local path, again before the new store is moved into
+    place (on an object store the store is written in place:
+    :func:`~kahm_dask.pipeline.location.committed_directory`).
     """
     rows = rows_per_chunk(chunk_rows, src.n_rows_hint, src.n_features, dtype)
     feature_range_attr = _feature_range(feature_range, src.n_features)
-    target = _abs(path)
     _check_target(target, overwrite)
-    with atomic_directory(target) as tmp:
-        group = zarr.open_group(tmp, mode="w-", zarr_format=3)
+    with committed_directory(target) as tmp:
+        group = zarr.open_group(tmp.zarr_store(), mode="w-", zarr_format=3)
         x = group.create_array("X", shape=(0, src.n_features), chunks=(rows, src.n_features),
                                dtype=dtype)
         labels = label_array(src.write_x(x), "y")
@@ -303,7 +332,8 @@ def _build_store(
         if feature_range_attr is not None:
             attrs["feature_range"] = feature_range_attr
         group.attrs[ATTRS_KEY] = attrs
-        _check_target(target, overwrite)  # the path may have appeared while writing
+        if target.is_local:
+            _check_target(target, overwrite)  # the path may have appeared while writing
     return open_dataset(target)
 
 
@@ -348,14 +378,14 @@ def _feature_range(feature_range: tuple[Any, Any] | None,
     return {"min": lo.tolist(), "max": hi.tolist()}
 
 
-def _check_target(path: Path, overwrite: bool) -> None:
+def _check_target(path: Location, overwrite: bool) -> None:
     """Raise unless ``path`` is free, or ``overwrite`` and ``path`` is a Zarr store."""
     if not path.exists():
         return
     if not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it "
                               "or choose another path.")
-    if not (path / "zarr.json").is_file():
+    if not (path / "zarr.json").exists():
         raise FileExistsError(f"Refusing to overwrite {path}: it is not a Zarr store. "
                               "Delete it yourself or choose another path.")
 
@@ -363,7 +393,7 @@ def _check_target(path: Path, overwrite: bool) -> None:
 # ------------------------------------------------------------------------ reading
 
 
-def _check_consistent(path: Path, group: zarr.Group, attrs: dict[str, Any]) -> DatasetStore:
+def _check_consistent(path: Location, group: zarr.Group, attrs: dict[str, Any]) -> DatasetStore:
     """Check arrays against attributes; return the handle or raise StoreError."""
     def fail(what: str) -> StoreError:
         return StoreError(f"Dataset store {path} is inconsistent or corrupt: {what}. "
@@ -392,18 +422,13 @@ def _check_consistent(path: Path, group: zarr.Group, attrs: dict[str, Any]) -> D
         if arrays[f"class_index/{code}"].shape != (count,):
             raise fail(f"class_index/{code} has shape {arrays[f'class_index/{code}'].shape} "
                        f"but class_counts says {count} rows")
-    return DatasetStore(path, n, p, tuple(classes), dict(zip(classes, counts, strict=True)),
-                        int(x.chunks[0]), attrs)
+    return DatasetStore(path.public(), n, p, tuple(classes), dict(zip(classes, counts, strict=True)),
+                        int(x.chunks[0]), attrs, dict(path.storage_options))
 
 
-def _abs(path: PathLike) -> Path:
-    """``path`` with ``~`` expanded, made absolute."""
-    return Path(path).expanduser().absolute()
-
-
-def _open_group(path: Path) -> zarr.Group:
+def _open_group(path: Location) -> zarr.Group:
     """The Zarr v3 group at ``path``, opened read-only; StoreError if it is not one."""
     try:
-        return zarr.open_group(path, mode="r", zarr_format=3)
+        return zarr.open_group(path.zarr_store(read_only=True), mode="r", zarr_format=3)
     except ValueError as exc:  # zarr's not-found/not-a-group errors and bad JSON
         raise StoreError(f"{path} is not a Zarr v3 group ({exc}).") from None

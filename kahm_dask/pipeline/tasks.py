@@ -15,12 +15,12 @@ inside the task (one BLAS thread per Dask thread).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
+from kahm_dask.pipeline.location import LocationLike, as_location
 from kahm_dask.pipeline.modelstore import cluster_done, save_cluster
 from kahm_dask.recipe import TrainParams
 
@@ -30,15 +30,18 @@ GROUPED_X = "grouped_X"
 GROUPED_X_NOISY = "grouped_X_noisy"
 
 
-def _read_slice(work_path: str, name: str, start: int, stop: int) -> np.ndarray:
-    arr = zarr.open_array(str(Path(work_path) / name), mode="r")
+def _read_slice(work_path: LocationLike, name: str, start: int, stop: int) -> np.ndarray:
+    arr = zarr.open_array((as_location(work_path) / name).zarr_store(read_only=True), mode="r")
     return np.asarray(arr[start:stop], dtype=np.float64)
 
 
 def train_cluster(
-    work_path: str, model_path: str, c: int, s: int, start: int, stop: int, params: TrainParams
+    work_path: LocationLike, model_path: LocationLike, c: int, s: int, start: int, stop: int, params: TrainParams
 ) -> dict:
     """Train cluster (class code c, cluster s) from grouped rows [start, stop); see module doc.
+
+    ``work_path`` and ``model_path`` are local paths or :class:`~kahm_dask.pipeline.location.Location`
+    objects (a URL with its storage options, opened by the task).
 
     Returns ``{"class": c, "cluster": s, "n_rows", "passes", "layer_dims", "seconds",
     "resumed"}`` ("passes" absent with ``r_source="private"``; "seconds" None when resumed).

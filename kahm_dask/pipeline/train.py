@@ -26,17 +26,22 @@ Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
 The work store holds private data (X copies, cluster labels, the noisy rows before
 fabrication): it lives with the data store, on the data owner's side; the model store holds
 only DP rows and models fitted on them, and nothing else computed from private rows.
+
+Both may be local paths or URLs (``s3://``, …) with fsspec ``storage_options``
+(:mod:`kahm_dask.pipeline.location`); the tasks get the URL and the options. A remote model
+store gets its completion marker when every cluster is written
+(:func:`~kahm_dask.pipeline.modelstore.mark_model_complete`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import dask
 import dask.array as da
@@ -44,7 +49,6 @@ import numpy as np
 import zarr
 
 from kahm_dask import __version__
-from kahm_dask._atomic import write_json_atomic
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
 from kahm_dask.classifier import PARTITION_STREAM
@@ -52,7 +56,8 @@ from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.data import store_bounds
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
-from kahm_dask.pipeline.modelstore import write_manifest
+from kahm_dask.pipeline.location import COMPLETE_FILE, Location, LocationLike, as_location
+from kahm_dask.pipeline.modelstore import mark_model_complete, write_manifest
 from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.store import DatasetStore, StoreError, is_complete, mark_complete
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
@@ -117,18 +122,18 @@ class TrainSettings:
         return self.cluster_on == "original" or (p.dp_data == "fabricated" and p.r_source == "private")
 
 
-def _kmeans_seed(seed: int | None, work_path: Path) -> int:
+def _kmeans_seed(seed: int | None, work_path: LocationLike) -> int:
     """The run's k-means seed: ``seed``, else one drawn at the first run and kept in the work
     store (it seeds only k-means on DP or public rows; the noise never depends on it)."""
     if seed is not None:
         return int(seed)
-    path = work_path / SEED_FILE
+    path = as_location(work_path) / SEED_FILE
     try:
-        return int(json.loads(path.read_text())["seed"])
+        return int(path.read_json()["seed"])
     except (FileNotFoundError, KeyError, ValueError, TypeError):
         pass
     value = int(np.random.SeedSequence().entropy) % 2**63
-    write_json_atomic(path, {"seed": value, "note": "k-means seed; not secret"})
+    path.write_json({"seed": value, "note": "k-means seed; not secret"})
     return value
 
 
@@ -166,8 +171,8 @@ def _noisy_rows(
     X: da.Array,
     mechanism: GridLaplace,
     settings: TrainSettings,
-    work_path: Path,
-    model_path: Path,
+    work_path: Location,
+    model_path: Location,
     ledger: PrivacyLedger,
     details: dict,
 ) -> tuple[da.Array, str, bool]:
@@ -188,24 +193,30 @@ def _noisy_rows(
         noise_id = done["noise_id"]
         ledger.record(mechanism.epsilon, mechanism.delta, release_id=noise_id, **details)  # once
         log.info("noise: reusing the stored noisy rows (noise_id %s)", noise_id)
-        return da.from_zarr(str(path)), noise_id, True
+        return _read_zarr(path), noise_id, True
     _refuse_new_noise_for_trained_store(model_path, work_path)
     ledger.check(mechanism.epsilon, mechanism.delta)
     noise_id = uuid.uuid4().hex
-    if path.exists():  # incomplete or of other settings: never reused, rewritten with fresh noise
-        shutil.rmtree(path)
+    path.remove()  # incomplete or of other settings: never reused, rewritten with fresh noise
     source = as_noise_source(settings.insecure_noise_seed)
-    noisy_array(X, mechanism, source, X.dtype).to_zarr(str(path), overwrite=True, zarr_format=3)
+    url, storage_options = path.dask_target()
+    noisy_array(X, mechanism, source, X.dtype).to_zarr(url, storage_options=storage_options, overwrite=True,
+                                                       zarr_format=3)
     ledger.record(mechanism.epsilon, mechanism.delta, release_id=noise_id, **details)
     mark_complete(path, {**marker, "noise_id": noise_id})
-    return da.from_zarr(str(path)), noise_id, False
+    return _read_zarr(path), noise_id, False
 
 
-def _refuse_new_noise_for_trained_store(model_path: Path, work_path: Path) -> None:
+def _read_zarr(path: Location) -> da.Array:
+    """The Zarr array at ``path`` as a dask array."""
+    url, storage_options = path.dask_target()
+    return da.from_zarr(url, storage_options=storage_options)
+
+
+def _refuse_new_noise_for_trained_store(model_path: Location, work_path: Location) -> None:
     """A model store with clusters was trained on the work store's noisy rows; new noise would
     mix clusters of two releases: refuse before drawing it."""
-    clusters = model_path / "clusters"
-    if clusters.is_dir() and any(clusters.iterdir()):
+    if (model_path / "clusters").children():
         raise ValueError(
             f"model store {model_path} has clusters trained on noisy rows that are missing or "
             f"incomplete in {work_path / NOISY} (or were drawn with other settings); new noise "
@@ -215,16 +226,18 @@ def _refuse_new_noise_for_trained_store(model_path: Path, work_path: Path) -> No
 
 def train_pipeline(
     store: DatasetStore,
-    model_path: str | Path,
-    work_path: str | Path,
+    model_path: LocationLike,
+    work_path: LocationLike,
     settings: TrainSettings,
     client=None,
     *,
     partition: np.ndarray | None = None,
     progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Train every cluster model of ``store`` into ``model_path``; returns a summary dict.
 
+    ``model_path`` and ``work_path`` are local paths or URLs, with fsspec ``storage_options``.
     ``partition`` : optional (N,) within-class cluster labels that replace the dask-ml
     k-means (used to compare with the in-memory classifier given the same labels).
     """
@@ -232,8 +245,11 @@ def train_pipeline(
     check_n_components(settings.params.n_components, store.n_features, stacklevel=2)
     t0 = time.perf_counter()
     params = settings.params
-    model_path, work_path = Path(model_path), Path(work_path)
-    work_path.mkdir(parents=True, exist_ok=True)
+    model_path, work_path = as_location(model_path, storage_options), as_location(work_path, storage_options)
+    if work_path.is_local:
+        work_path.path.mkdir(parents=True, exist_ok=True)
+    if not model_path.is_local:  # a remote store being (re)trained is incomplete until the end
+        (model_path / COMPLETE_FILE).remove()
     seed = _kmeans_seed(settings.seed, work_path)
     root = np.random.SeedSequence(seed)
     X = store.X()  # stored dtype (float32 halves memory and I/O); tasks compute in float64
@@ -256,10 +272,10 @@ def train_pipeline(
             insecure_noise=settings.insecure_noise_seed is not None,
         )
         description = mechanism.describe()
-        ledger = PrivacyLedger(ledger_path(store.path), budget=settings.budget)
+        ledger = PrivacyLedger(ledger_path(store.location), budget=settings.budget)
         details = {
             "what": f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of "
-                    f"{store.path.name}, from which the model store's {params.dp_data} DP rows are built",
+                    f"{store.location.name}, from which the model store's {params.dp_data} DP rows are built",
             "unit": "entry",
             "d": description["d"],
             "bounds": [description["lower"], description["upper"]],
@@ -362,10 +378,11 @@ def train_pipeline(
     if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
         client.run(_trim_memory)
     tasks = [
-        dask.delayed(train_cluster, pure=True)(str(work_path), str(model_path), c, s, a, b, params)
+        dask.delayed(train_cluster, pure=True)(work_path, model_path, c, s, a, b, params)
         for c, s, a, b in table
     ]
     infos = compute(tasks, client, progress=progress)
+    mark_model_complete(model_path)
     return {
         "n_clusters": len(table),
         "n_resumed": sum(i["resumed"] for i in infos),
@@ -405,26 +422,24 @@ def _memory_share(fraction: float, client, combine=sum) -> int:
     return int(fraction * psutil.virtual_memory().available)
 
 
-def _check_same_settings(model_path: Path, work_path: Path, current: dict) -> None:
+def _check_same_settings(model_path: LocationLike, work_path: LocationLike, current: dict) -> None:
     """Refuse to resume into a model store trained with other settings.
 
     The run's settings (with the noise_id of the noisy rows the clusters were trained on) are
     stored in ``<work>/settings.json``. If the model store already has clusters and the stored settings
     are missing or differ, resuming would mix old clusters with new ones: raise instead.
     """
-    path = work_path / "settings.json"
+    path = as_location(work_path) / "settings.json"
     current = json.loads(json.dumps(current))
-    clusters_dir = model_path / "clusters"
-    has_clusters = clusters_dir.is_dir() and any(clusters_dir.iterdir())
-    if has_clusters:
-        stored = json.loads(path.read_text()) if path.exists() else None
+    if (as_location(model_path) / "clusters").children():
+        stored = path.read_json() if path.exists() else None
         if stored != current:
             keys = sorted(k for k in current if stored is None or stored.get(k) != current[k])
             raise ValueError(
                 f"model store {model_path} was trained with other settings ({', '.join(keys)}); "
                 "delete it or choose another output directory."
             )
-    write_json_atomic(path, current)
+    path.write_json(current)
 
 
 def _versions() -> dict[str, str]:

@@ -22,11 +22,10 @@ kahm_dask.privacy.ledger.BudgetExceededError: this release (ε = 2, δ = 0) woul
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from kahm_dask._atomic import write_json_atomic
+from kahm_dask.pipeline.location import Location, as_location
 
 __all__ = ["PrivacyLedger", "BudgetExceededError", "LEDGER_SUFFIX", "ledger_path"]
 
@@ -37,9 +36,12 @@ class BudgetExceededError(RuntimeError):
     """A release would spend more privacy than the ledger's budget allows."""
 
 
-def ledger_path(data_store: str | Path) -> Path:
-    """The ledger beside a data store: ``<store>.privacy-ledger.json``."""
-    p = Path(data_store)
+def ledger_path(data_store: str | Path | Location) -> Path | Location:
+    """The ledger beside a data store: ``<store>.privacy-ledger.json`` (a
+    :class:`~kahm_dask.pipeline.location.Location` beside a remote store's location)."""
+    if isinstance(data_store, Location) and not data_store.is_local:
+        return data_store.with_name(data_store.name + LEDGER_SUFFIX)
+    p = data_store.path if isinstance(data_store, Location) else Path(data_store)
     return p.with_name(p.name.rstrip("/") + LEDGER_SUFFIX)
 
 
@@ -48,13 +50,15 @@ class PrivacyLedger:
 
     Parameters
     ----------
-    path : file of the ledger, or None (in memory). An existing file is read.
+    path : file of the ledger (a local path or a :class:`~kahm_dask.pipeline.location.Location`),
+        or None (in memory). An existing file is read.
     budget : (ε, δ) total allowed, or None (no limit; a budget stored in the file is kept).
     """
 
-    def __init__(self, path: str | Path | None = None, budget: tuple[float, float] | None = None) -> None:
-        self.path = None if path is None else Path(path)
-        stored = json.loads(self.path.read_text()) if self.path is not None and self.path.exists() else {}
+    def __init__(self, path: str | Path | Location | None = None, budget: tuple[float, float] | None = None) -> None:
+        self._file = None if path is None else as_location(path)
+        self.path = None if self._file is None else self._file.public()  # a Path, or a URL
+        stored = self._file.read_json() if self._file is not None and self._file.exists() else {}
         self.entries: list[dict] = list(stored.get("entries", []))
         budget = budget if budget is not None else stored.get("budget")
         if budget is not None:
@@ -108,6 +112,6 @@ class PrivacyLedger:
 
     def _save(self) -> None:
         """Write the ledger file atomically (a reader sees the old or the new ledger)."""
-        if self.path is None:
+        if self._file is None:
             return
-        write_json_atomic(self.path, {"budget": self.budget, "entries": self.entries}, indent=2)
+        self._file.write_json({"budget": self.budget, "entries": self.entries}, indent=2)

@@ -1,0 +1,229 @@
+"""Stores at URLs: dataset, work and model stores on a real S3-compatible server.
+
+The ``s3`` fixture starts moto's server mode as a subprocess on a free loopback port (as s3fs's
+own tests do), creates a bucket and yields the ``storage_options`` that reach it; the tests are
+skipped, with the reason, when it cannot start. Checked: a dataset store written to S3 reads back
+as the local one; a fit from an ``s3://`` store and a fit with ``store_dir`` on S3 (a DP fit: the
+noisy rows, the ledger and the model store on S3) predict as the same fits on local stores;
+``save``/``load`` to and from S3; ``file://`` URLs are local paths; a remote store without its
+completion marker is not taken for a store; clear errors for an unknown protocol or a missing
+s3fs; no credential in the manifest. All on one in-process LocalCluster (2 workers x 1 thread).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import fsspec
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from fsspec.registry import _registry as fsspec_registry
+
+from kahm_dask import DaskKAHMClassifier
+from kahm_dask.datasets import load_bundled, split_and_scale
+from kahm_dask.pipeline.location import COMPLETE_FILE, as_location
+from kahm_dask.pipeline.modelstore import MANIFEST_KEY, cluster_done, read_manifest
+from kahm_dask.pipeline.store import open_dataset, write_dataset
+
+BUCKET = "kahm-test"
+SEED = 0
+#: A small DP fit (iris: 3 classes, so few cluster models travel to and from the server).
+DP = dict(n_components=4, epsilon=2.0, bounds=(0, 1), random_state=SEED, insecure_noise_seed=123, chunk_rows=50)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_up(proc: subprocess.Popen, endpoint: str, timeout: float = 30.0) -> str | None:
+    """None once the server answers, else why it did not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"the moto server exited with code {proc.returncode}"
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+            return None
+        except OSError:
+            time.sleep(0.2)
+    return f"the moto server did not answer at {endpoint} within {timeout:.0f} s"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """storage_options of a bucket on a moto S3 server on loopback (skipped if it cannot start)."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'kahm-dask[s3]')")
+    pytest.importorskip("moto.server", reason="moto's server mode is not installed (pip install 'moto[server]')")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        pytest.skip(f"cannot start the moto server: {exc}")
+    try:
+        problem = _wait_until_up(proc, endpoint)
+        if problem is not None:
+            pytest.skip(problem)
+        options = {"key": "testing", "secret": "testing",
+                   "client_kwargs": {"endpoint_url": endpoint}}
+        fsspec.filesystem("s3", **options).mkdir(BUCKET)
+        yield options
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _url(name: str) -> str:
+    """A fresh URL in the test bucket."""
+    return f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/{name}"
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return split_and_scale(*load_bundled("digits"), bounds=(0, 16))
+
+
+@pytest.fixture(scope="module")
+def iris():
+    return split_and_scale(*load_bundled("iris"))
+
+
+@pytest.fixture(scope="module")
+def remote_digits(s3, digits):
+    """The digits training rows as a dataset store on S3."""
+    url = _url("digits.zarr")
+    write_dataset(url, digits.X_train, digits.y_train, chunk_rows=300, storage_options=s3)
+    return url
+
+
+def test_dataset_store_on_s3_reads_as_the_local_one(s3, digits, remote_digits, tmp_path):
+    local = write_dataset(tmp_path / "digits.zarr", digits.X_train, digits.y_train, chunk_rows=300)
+    remote = open_dataset(remote_digits, storage_options=s3)
+    assert remote.path == remote_digits and "testing" not in repr(remote)
+    assert (remote.n_samples, remote.n_features, remote.classes, remote.chunk_rows) == \
+        (local.n_samples, local.n_features, local.classes, local.chunk_rows)
+    np.testing.assert_array_equal(remote.X().compute(), local.X().compute())
+    np.testing.assert_array_equal(remote.y(), local.y())
+    np.testing.assert_array_equal(remote.class_rows(3), local.class_rows(3))
+    np.testing.assert_array_equal(remote.read_rows([5, 1, 5]), local.read_rows([5, 1, 5]))
+
+
+def test_fit_from_an_s3_store_predicts_as_from_the_local_one(client, s3, digits, remote_digits, tmp_path):
+    local = write_dataset(tmp_path / "digits.zarr", digits.X_train, digits.y_train, chunk_rows=300)
+    expected = DaskKAHMClassifier(random_state=SEED, store_dir=tmp_path / "a").fit(str(local.path))
+    est = DaskKAHMClassifier(random_state=SEED, store_dir=tmp_path / "b", storage_options=s3).fit(remote_digits)
+    np.testing.assert_array_equal(est.predict(digits.X_test), expected.predict(digits.X_test))
+    assert float(est.score(remote_digits)) == expected.score(digits.X_train, digits.y_train)
+
+
+@pytest.fixture(scope="module")
+def remote_fit(client, s3, iris):
+    """A DP fit with ``store_dir`` on S3 (training rows, work store, ledger and model store there)."""
+    root = _url("run")
+    est = DaskKAHMClassifier(**DP, store_dir=root, storage_options=s3)
+    return root, est.fit(iris.X_train, iris.y_train)
+
+
+def test_store_dir_on_s3_fits_predicts_saves_and_loads(s3, iris, remote_fit, tmp_path):
+    root, est = remote_fit
+    assert est.model_path_ == f"{root}/model.zarr"
+    fs = fsspec.filesystem("s3", **s3)
+    for written in ("train.zarr", "train.zarr.privacy-ledger.json", "work/X_noisy/_COMPLETE.json", "model.zarr"):
+        assert fs.exists(f"{root}/{written}".removeprefix("s3://")), written
+    expected = DaskKAHMClassifier(**DP, store_dir=tmp_path / "local").fit(iris.X_train, iris.y_train)
+    predicted = est.predict(iris.X_test)
+    np.testing.assert_array_equal(predicted, expected.predict(iris.X_test))
+    np.testing.assert_array_equal(est.to_classifier().predict(iris.X_test), predicted)
+
+    saved = est.save(_url("saved.zarr"))
+    loaded = DaskKAHMClassifier.load(saved, storage_options=s3)
+    assert loaded.model_path_ == saved and loaded.get_params()["epsilon"] == DP["epsilon"]
+    np.testing.assert_array_equal(loaded.predict(iris.X_test), predicted)
+    local_copy = loaded.save(tmp_path / "copy.zarr")
+    np.testing.assert_array_equal(DaskKAHMClassifier.load(local_copy).predict(iris.X_test), predicted)
+
+
+def test_no_credentials_in_the_stores(s3, remote_fit):
+    root, est = remote_fit
+    fs = fsspec.filesystem("s3", **s3)
+    manifest = fs.cat_file(f"{est.model_path_}/zarr.json".removeprefix("s3://")).decode()
+    assert MANIFEST_KEY in manifest and "storage_options" not in manifest
+    secrets = ("testing", s3["client_kwargs"]["endpoint_url"], "127.0.0.1")
+    written = [fs.cat_file(p).decode() for p in fs.find(root.removeprefix("s3://")) if p.endswith(".json")]
+    assert written and not any(secret in text for secret in secrets for text in written)
+
+
+def test_the_repr_masks_the_credentials(s3):
+    clf = DaskKAHMClassifier(n_components=3, store_dir="s3://bucket/x", storage_options=s3)
+    text = repr(clf)
+    assert "testing" not in text and "127.0.0.1" not in text and "'secret': '***'" in text
+    assert "n_components=3" in text
+    assert clf.storage_options == s3  # the estimator itself keeps them
+
+
+def test_file_urls_are_local_paths(iris, remote_fit, tmp_path):
+    url = f"file://{tmp_path}/iris.zarr"
+    assert as_location(url).is_local and as_location(url).path == tmp_path / "iris.zarr"
+    write_dataset(url, iris.X_test, iris.y_test)
+    assert open_dataset(tmp_path / "iris.zarr").n_samples == len(iris.y_test)
+    _, est = remote_fit
+    saved = est.save(f"file://{tmp_path}/model.zarr")
+    assert saved == tmp_path / "model.zarr" and not (saved / COMPLETE_FILE).exists()
+    loaded = DaskKAHMClassifier.load(f"file://{saved}")
+    assert loaded.model_path_ == saved
+    np.testing.assert_array_equal(loaded.predict(url), est.predict(iris.X_test))
+
+
+def test_an_unfinished_remote_write_is_not_a_store(s3, iris, remote_fit):
+    fs = fsspec.filesystem("s3", **s3)
+    bad = iris.X_test.copy()
+    bad[7, 3] = np.nan
+    url = _url("bad.zarr")
+    with pytest.raises(ValueError, match="NaN"):
+        write_dataset(url, bad, iris.y_test, storage_options=s3)
+    assert not fs.exists(url.removeprefix("s3://"))  # a failed write is deleted
+
+    url = _url("killed.zarr")
+    write_dataset(url, iris.X_test, iris.y_test, storage_options=s3)
+    fs.rm(f"{url}/{COMPLETE_FILE}".removeprefix("s3://"))  # as if the writer died before its marker
+    with pytest.raises(FileNotFoundError, match="did not finish"):
+        open_dataset(url, storage_options=s3)
+
+    _, est = remote_fit
+    saved = est.save(_url("model.zarr"))
+    fs.rm(f"{saved}/{COMPLETE_FILE}".removeprefix("s3://"))
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        DaskKAHMClassifier.load(saved, storage_options=s3)
+    with pytest.raises(FileExistsError, match="not a kahm-dask model store"):
+        est.save(saved)
+    cluster = read_manifest(est.model_path_, storage_options=s3)["clusters"][0]
+    assert cluster_done(est.model_path_, cluster["class"], cluster["cluster"], s3) is not None
+    fs.rm(f"{saved}/clusters/c0_s0/{COMPLETE_FILE}".removeprefix("s3://"))
+    assert cluster_done(saved, 0, 0, s3) is None
+
+
+def test_unknown_protocol_and_missing_s3fs_are_clear(monkeypatch, digits):
+    with pytest.raises(ValueError, match="unknown storage protocol 'nosuch'"):
+        as_location("nosuch://bucket/data.zarr")
+    with pytest.raises(ValueError, match="unknown storage protocol"):
+        DaskKAHMClassifier(store_dir="nosuch://bucket/run").fit(digits.X_test, digits.y_test)
+    monkeypatch.delitem(fsspec_registry, "s3", raising=False)
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs now fails
+    with pytest.raises(ImportError, match=r"kahm-dask\[s3\]"):
+        open_dataset("s3://bucket/data.zarr")
