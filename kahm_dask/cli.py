@@ -30,8 +30,49 @@ def _cluster_options(f):
     f = click.option("--n-workers", type=int, default=2, show_default=True, help="Workers of the LocalCluster.")(f)
     f = click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      help="A cluster_configs/*.yaml file.")(f)
-    f = click.option("--scheduler", help="Address of a running Dask scheduler, e.g. tcp://127.0.0.1:8786.")(f)
+    f = _tls_options(f)
+    f = click.option("--scheduler", help="Address of a running Dask scheduler, e.g. tcp://127.0.0.1:8786 "
+                                         "(tls://host:port with --tls-ca-file, --tls-cert, --tls-key).")(f)
     return f
+
+
+_TLS_META = "kahm_dask.tls"  # where the --tls-* options wait in the click context
+_TLS_HELP = {
+    "--tls-ca-file": "CA certificate (PEM) of a tls:// scheduler's cluster; with --tls-cert and --tls-key: "
+                     "mutual TLS (without --scheduler: for the LocalCluster).",
+    "--tls-cert": "This client's certificate (PEM), signed by that CA.",
+    "--tls-key": "This client's private key (PEM); omit it if the --tls-cert file holds the key.",
+}
+
+
+def _remember_tls(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Keep a given --tls-* option in the click context, for :func:`_tls_settings`."""
+    if value is not None:
+        ctx.meta.setdefault(_TLS_META, {})[param.opts[0]] = value
+    return value
+
+
+def _tls_options(f):
+    """The options --tls-ca-file, --tls-cert, --tls-key (existing files). They are not passed to
+    the command function: :func:`_tls_settings` reads them from the click context."""
+    for name, text in reversed(_TLS_HELP.items()):
+        f = click.option(name, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                         expose_value=False, callback=_remember_tls, help=text)(f)
+    return f
+
+
+def _tls_settings() -> dict[str, str] | None:
+    """The --tls-* options of the running command as the keys of a ``tls`` section
+    (kahm_dask.pipeline.security), or None if none is given."""
+    given = click.get_current_context().meta.get(_TLS_META, {})
+    if not given:
+        return None
+    missing = [name for name in ("--tls-ca-file", "--tls-cert") if name not in given]
+    if missing:
+        raise click.UsageError(f"TLS needs {' and '.join(missing)} too (and --tls-key unless the "
+                               "--tls-cert file holds the private key).")
+    keys = {"--tls-ca-file": "ca_file", "--tls-cert": "cert", "--tls-key": "key"}
+    return {keys[name]: str(path) for name, path in given.items()}
 
 
 def _param_type(name: str) -> click.ParamType:
@@ -49,10 +90,19 @@ def _param_type(name: str) -> click.ParamType:
 
 def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit):
     from kahm_dask.pipeline.config import ClusterConfig
+    from kahm_dask.pipeline.security import ClusterTLSConfig
 
     if scheduler and cluster_config:
         raise click.UsageError("give at most one of --scheduler and --cluster-config.")
-    return ClusterConfig(scheduler=scheduler, config=cluster_config, n_workers=n_workers, memory_limit=memory_limit)
+    tls = _tls_settings()
+    if tls and cluster_config:
+        raise click.UsageError(_TLS_WITH_CLUSTER_CONFIG)
+    return ClusterConfig(scheduler=scheduler, config=cluster_config, n_workers=n_workers, memory_limit=memory_limit,
+                         tls=None if tls is None else ClusterTLSConfig.from_mapping(tls))
+
+
+_TLS_WITH_CLUSTER_CONFIG = ("the --tls-* options go with --scheduler (or the LocalCluster); a --cluster-config "
+                            "file holds its own 'tls' settings.")
 
 
 def _connect(cluster_cfg):
@@ -185,9 +235,8 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     """
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
+    from kahm_dask.pipeline.estimator import DaskKAHMClassifier
     from kahm_dask.pipeline.store import open_dataset
-    from kahm_dask.pipeline.train import TrainSettings, train_pipeline
-    from kahm_dask.recipe import TrainParams
 
     try:
         if r_value is not None and r_value.is_integer():
@@ -206,12 +255,14 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
             click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
                        f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
                        "dimensions (docs/algorithm.md#kahm-guards).", err=True)
-        params = TrainParams(n_components, n_layers, epsilon=epsilon, dp_data=dp_data,
-                             r_source=r_source, r_value=privacy.r_value)
-        settings = TrainSettings(params, seed=seed, delta=delta, d=d, bounds=bounds, block_size=block_size,
-                                 cluster_on=cluster_on, budget=budget)
+        estimator = DaskKAHMClassifier(
+            n_components, n_layers, block_size, seed, epsilon=epsilon, delta=delta, bounds=bounds, d=d,
+            dp_data=dp_data, r_source=r_source, r_value=privacy.r_value, cluster_on=cluster_on,
+        )
+        estimator.train_settings(budget=budget)  # every check, before a cluster starts
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            summary = train_pipeline(ds, model, work or model.with_suffix(".work"), settings, client)
+            summary = estimator.fit_store(ds, model, work or model.with_suffix(".work"), client=client,
+                                          budget=budget)
     except _user_errors() as exc:
         _fail(exc, resumable=True)
     statement = summary.pop("privacy_statement_markdown", None)
@@ -278,7 +329,9 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 
 @main.command()
 @click.argument("pipeline", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--scheduler", help="Address of a running Dask scheduler (overrides the file).")
+@click.option("--scheduler", help="Address of a running Dask scheduler (overrides the file's cluster.scheduler, "
+                                   "cluster.config and cluster.tls; tls://host:port with the --tls-* options).")
+@_tls_options
 @click.option("--cluster-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A cluster_configs/*.yaml file (overrides the file).")
 @click.option("--output", type=click.Path(path_type=Path), help="Run directory (overrides the file).")
@@ -307,15 +360,20 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: 
 
     if scheduler and cluster_config:
         raise click.UsageError("give at most one of --scheduler and --cluster-config.")
+    tls = _tls_settings()
+    if tls and cluster_config:
+        raise click.UsageError(_TLS_WITH_CLUSTER_CONFIG)
     try:
         raw = load_yaml(pipeline)
         federated = isinstance(raw, dict) and "federation" in raw
         cfg = load_federated_config(pipeline) if federated else load_config(pipeline)
         overrides = {}
+        if scheduler or tls:  # --scheduler alone also drops the file's cluster.tls
+            overrides["cluster.tls"] = tls
         if scheduler:
             overrides.update({"cluster.scheduler": scheduler, "cluster.config": None})
         if cluster_config:
-            overrides.update({"cluster.config": str(cluster_config), "cluster.scheduler": None})
+            overrides.update({"cluster.config": str(cluster_config), "cluster.scheduler": None, "cluster.tls": None})
         if output:
             overrides["output"] = str(output)
         if budget:

@@ -129,6 +129,22 @@ PARAMS: dict[str, Param] = {
         (None, _at_least(1)),
         "smallest k-means part; None: max(30, n + 2) (docs/algorithm.md#decision-min-cluster-size)",
     ),
+    "oversampling_factor": Param(
+        (None, Range(Real, 0, None, closed="neither")),
+        "k-means|| candidates drawn per round for a class too large for one task; None: 2·S "
+        "(docs/algorithm.md#kmeans-partition)",
+    ),
+    "init_max_iter": Param((_at_least(1),), "k-means|| initialisation rounds of a class too large for one task"),
+    "kmeans_max_iter": Param((_at_least(1),), "Lloyd iterations of every k-means partition"),
+    "max_cluster_rows": Param(
+        (None, _at_least(2)),
+        "rows above which a cluster is split further, bounding every training task's memory; None: no cap",
+    ),
+    "persist_fraction": Param(
+        (Range(Real, 0, 1, closed="left"),),
+        "a class too large for one task is held in worker memory during its k-means when its rows take at "
+        "most this share of the workers' total memory; 0: always re-read from Zarr",
+    ),
     "min_range": Param(
         (None, Range(Real, 0, None, closed="left")),
         "code range below which a KAHM direction is dropped; None or 0: no such rule (docs/algorithm.md#kahm-guards)",

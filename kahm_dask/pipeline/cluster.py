@@ -9,6 +9,11 @@
 3. otherwise a ``LocalCluster(n_workers, threads_per_worker, memory_limit, processes)``
    (:func:`local_cluster`; optionally with resources per worker).
 
+**TLS.** A ``tls`` section (:mod:`kahm_dask.pipeline.security`) makes the connection to a
+``tls://`` scheduler mutual TLS (``Client(address, security=...)``), or the local cluster's
+scheduler, workers and client talk mutual TLS on loopback. :func:`connect_address` connects
+to an address with a ready ``distributed.security.Security``.
+
 :func:`compute` runs a dask collection on the client, each task retried up to twice.
 
 **One BLAS thread per Dask thread.** Several BLAS threads inside each Dask thread oversubscribe
@@ -51,6 +56,7 @@ from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, Wor
 from distributed import progress as dask_progress
 from distributed.deploy import Cluster
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.security import Security
 from threadpoolctl import threadpool_limits
 
 from kahm_dask.pipeline.config import (
@@ -63,6 +69,7 @@ from kahm_dask.pipeline.config import (
     invalid_value,
     load_yaml,
 )
+from kahm_dask.pipeline.security import ALL_ROLES, TLS_PROTOCOL, TLSConfig, check_address, to_security
 
 __all__ = [
     "BLAS_ENV",
@@ -80,6 +87,7 @@ __all__ = [
     "local_cluster",
     "build_cluster",
     "connect",
+    "connect_address",
     "compute",
 ]
 
@@ -130,21 +138,29 @@ def _blas_limited_here() -> Iterator[None]:
 
 @dataclass(frozen=True, kw_only=True)
 class LocalSpec(Section):
-    """``kind: local`` — a LocalCluster on this machine."""
+    """``kind: local`` — a LocalCluster on this machine; with ``tls``, its scheduler, workers
+    and client talk mutual TLS on loopback, all presenting ``tls.cert`` (signed by
+    ``tls.ca_file``), so no other local user can connect to it."""
 
     kind: Literal["local"] = "local"
     n_workers: int = field(default=2, metadata=bound(ge=1))
     threads_per_worker: int = field(default=1, metadata=bound(ge=1))
     memory_limit: str = field(default="auto", metadata=MEMORY)
     processes: bool = True
+    tls: TLSConfig | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class RemoteSpec(Section):
-    """``kind: remote`` — a scheduler that is already running, by address."""
+    """``kind: remote`` — a scheduler that is already running, by address; a ``tls://``
+    address needs ``tls`` (this client's certificate; :mod:`kahm_dask.pipeline.security`)."""
 
     kind: Literal["remote"] = "remote"
     address: str = field(metadata=ADDRESS)
+    tls: TLSConfig | None = None
+
+    def _validate(self) -> None:
+        check_address(self.address, self.tls is not None, address_key="address", tls_key="tls")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,6 +295,7 @@ def local_cluster(
     ``worker_resources[w]``.
     """
     silence_logs = _worker_log_level()
+    tls = _local_tls(spec)
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **BLAS_ENV}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
         if worker_resources is None:
@@ -288,21 +305,31 @@ def local_cluster(
                 memory_limit=spec.memory_limit,
                 processes=spec.processes,
                 silence_logs=silence_logs,
+                **tls,
             )
         if len(worker_resources) != spec.n_workers:
             raise ValueError(
                 f"got resources for {len(worker_resources)} workers; the cluster has "
                 f"{spec.n_workers}."
             )
+        security = {"security": tls["security"]} if tls else {}
         options = {"nthreads": spec.threads_per_worker, "memory_limit": spec.memory_limit,
-                   "silence_logs": silence_logs}
+                   "silence_logs": silence_logs, **security}
         workers = {
             f"worker{w}": {"cls": Nanny if spec.processes else Worker,
                            "options": {**options, "resources": dict(resources)}}
             for w, resources in enumerate(worker_resources)
         }
-        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": ":0"}}
-        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs)
+        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": ":0", **tls}}
+        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs, **security)
+
+
+def _local_tls(spec: LocalSpec) -> dict[str, Any]:
+    """The ``security`` and ``protocol`` arguments of a local cluster with ``spec.tls`` (mutual
+    TLS on loopback: every role presents ``spec.tls.cert``), else none."""
+    if spec.tls is None:
+        return {}
+    return {"security": to_security(spec.tls, ALL_ROLES), "protocol": TLS_PROTOCOL}
 
 
 def _ssh_cluster(spec: SSHSpec) -> Cluster:
@@ -373,7 +400,7 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
 def _spec_for(cfg: ClusterConfig) -> ClusterSpec:
     """The cluster spec the pipeline's ``cluster`` section selects (see :func:`connect`)."""
     if cfg.scheduler is not None:
-        return RemoteSpec(address=cfg.scheduler)
+        return RemoteSpec(address=cfg.scheduler, tls=cfg.tls)
     if cfg.config is not None:
         return load_cluster_config(cfg.config)
     return LocalSpec(
@@ -381,18 +408,48 @@ def _spec_for(cfg: ClusterConfig) -> ClusterSpec:
         threads_per_worker=cfg.threads_per_worker,
         memory_limit=cfg.memory_limit,
         processes=cfg.processes,
+        tls=cfg.tls,
     )
 
 
-def _client_for_address(address: str, timeout: float) -> Client:
+def _client_for_address(address: str, timeout: float, security: Security | None = None) -> Client:
     try:
-        return Client(address, timeout=timeout)
+        return Client(address, timeout=timeout, security=security)
     except OSError as exc:
+        tls_hint = (" With TLS, also check that the scheduler uses TLS and that this client's "
+                    "certificate is signed by the CA the scheduler trusts (and its CA file by "
+                    "the scheduler's).") if address.startswith(TLS_PROTOCOL) else ""
         raise ClusterConnectionError(
             f"cannot reach the Dask scheduler at {address} within {timeout:g} s ({exc}). "
             "Check that a scheduler runs there (`dask scheduler`) and that host and port are "
-            "right, or remove cluster.scheduler to start a local cluster."
+            f"right, or remove cluster.scheduler to start a local cluster.{tls_hint}"
         ) from exc
+
+
+@contextmanager
+def connect_address(
+    address: str,
+    *,
+    security: Security | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    address_key: str = "scheduler",
+    security_key: str = "security",
+) -> Iterator[Client]:
+    """A client on the running scheduler at ``address``, closed on exit (the scheduler and its
+    workers keep running): the ``remote`` case of :func:`connect`, for callers that hold a
+    ``distributed.security.Security`` instead of TLS settings (the estimator).
+
+    ``security`` is needed for, and only for, a ``tls://`` address
+    (:func:`~kahm_dask.pipeline.security.check_address`; ``address_key`` and ``security_key``
+    name the two in its error). :class:`ClusterConnectionError` if the scheduler does not
+    answer within ``timeout`` seconds or refuses this client. The workers run one BLAS thread
+    per Dask thread (module docstring).
+    """
+    check_address(address, security is not None, address_key=address_key, tls_key=security_key)
+    with _client_for_address(address, timeout, security) as client:
+        client.register_plugin(SingleThreadedBLAS())
+        logger.info("Dask dashboard: %s", client.dashboard_link)
+        yield client
 
 
 @contextmanager
@@ -411,7 +468,9 @@ def connect(
     their own resources, and ``worker_resources`` is an error). Clusters started here are
     closed on exit, also after an exception; a remote scheduler only loses this client. The
     dashboard link is logged at INFO and is ``client.dashboard_link``. BLAS runs one thread
-    per Dask thread (module docstring).
+    per Dask thread (module docstring). With ``tls`` settings (``cluster_cfg.tls`` or the config
+    file's), the client connects to the ``tls://`` scheduler with mutual TLS, or the local
+    cluster runs mutual TLS on loopback (:mod:`kahm_dask.pipeline.security`).
     """
     if worker_resources is not None and (cluster_cfg.scheduler or cluster_cfg.config):
         raise ValueError("worker_resources apply to a local cluster started from "
@@ -420,7 +479,8 @@ def connect(
     in_process = isinstance(spec, LocalSpec) and not spec.processes
     with ExitStack() as stack:
         if isinstance(spec, RemoteSpec):
-            client = stack.enter_context(_client_for_address(spec.address, timeout))
+            security = None if spec.tls is None else to_security(spec.tls)
+            client = stack.enter_context(_client_for_address(spec.address, timeout, security))
         else:
             if in_process:
                 stack.enter_context(_blas_limited_here())

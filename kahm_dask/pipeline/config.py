@@ -506,11 +506,11 @@ class PartitionConfig(Section):
     task's memory (a fabrication task holds about 3 copies of its rows plus a KAHM fit)."""
 
     _key: ClassVar[str] = "partition"
-    oversampling_factor: float | None = field(default=None, metadata=bound(gt=0))
-    init_max_iter: int = field(default=5, metadata=bound(ge=1))
-    max_iter: int = field(default=100, metadata=bound(ge=1))
-    persist_fraction: float = field(default=0.25, metadata=bound(ge=0, lt=1))
-    max_cluster_rows: int | None = field(default=None, metadata=bound(ge=2))
+    oversampling_factor: float | None = field(default=None, metadata=rule("oversampling_factor"))
+    init_max_iter: int = field(default=5, metadata=rule("init_max_iter"))
+    max_iter: int = field(default=100, metadata=rule("kmeans_max_iter"))
+    persist_fraction: float = field(default=0.25, metadata=rule("persist_fraction"))
+    max_cluster_rows: int | None = field(default=None, metadata=rule("max_cluster_rows"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -536,6 +536,9 @@ class ClusterConfig(Section):
 
     ``scheduler`` (address of a running scheduler) or ``config`` (a ``cluster_configs/``
     file), at most one of them; with neither, a LocalCluster of ``n_workers`` workers.
+    ``tls`` (``ca_file``, ``cert``, ``key``, ``require_encryption``;
+    :mod:`kahm_dask.pipeline.security`): mutual TLS with a ``tls://`` scheduler, or for the
+    LocalCluster; a cluster config file holds its own ``tls``.
     """
 
     _key: ClassVar[str] = "cluster"
@@ -545,6 +548,7 @@ class ClusterConfig(Section):
     threads_per_worker: int = field(default=1, metadata=bound(ge=1))
     memory_limit: str = field(default="auto", metadata=MEMORY)
     processes: bool = True
+    tls: _security.ClusterTLSConfig | None = None  # resolved lazily: security.py builds on Section
 
     def _validate(self) -> None:
         if self.scheduler is not None and self.config is not None:
@@ -555,6 +559,16 @@ class ClusterConfig(Section):
             )
         if self.config is not None and not self.config.is_file():
             raise invalid_value("cluster.config", "no such file", str(self.config))
+        if self.tls is not None and self.config is not None:
+            raise ConfigError(
+                "conflicting keys 'cluster.tls' and 'cluster.config'",
+                ": a cluster config file holds its own 'tls' (kinds remote and local); "
+                "move the TLS settings there",
+                key="cluster.tls",
+            )
+        if self.scheduler is not None:
+            _security.check_address(self.scheduler, self.tls is not None,
+                                    address_key="cluster.scheduler", tls_key="cluster.tls")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -698,3 +712,8 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     return PipelineConfig.from_dict(
         load_yaml(path), base_dir=Path(path).absolute().parent, origin=os.fspath(path)
     )
+
+
+# The TLS section (security.py) builds on Section above: imported last, as a module, so that
+# either module can be imported first; ClusterConfig's ``tls`` hint is resolved at first use.
+from kahm_dask.pipeline import security as _security  # noqa: E402

@@ -13,11 +13,12 @@ arrays for NumPy input. :meth:`DaskKAHMClassifier.to_classifier` and
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from numbers import Integral
 from pathlib import Path
@@ -27,6 +28,7 @@ import dask.array as da
 import numpy as np
 import zarr
 from distributed import Client, default_client
+from distributed.security import Security
 from joblib import cpu_count
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.metrics import accuracy_score
@@ -35,16 +37,16 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from kahm_dask import __version__
-from kahm_dask._atomic import atomic_directory
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_label_types
 from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier, class_matching_scores, class_proportions
 from kahm_dask.params import PARAMS, Range, check_r_value, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS
-from kahm_dask.pipeline.cluster import compute, connect
-from kahm_dask.pipeline.config import ClusterConfig
+from kahm_dask.pipeline.cluster import compute, connect, connect_address
+from kahm_dask.pipeline.config import ADDRESS, ClusterConfig, PipelineConfig
+from kahm_dask.pipeline.location import Location, LocationLike, as_location, committed_directory, copy_tree
 from kahm_dask.pipeline.modelstore import (
-    cluster_dir,
+    cluster_location,
     load_cluster,
     read_manifest,
     save_cluster,
@@ -52,6 +54,7 @@ from kahm_dask.pipeline.modelstore import (
 )
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.rows import rows_per_chunk
+from kahm_dask.pipeline.security import as_security, check_address
 from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.train import TrainSettings, _versions, train_pipeline
 from kahm_dask.privacy.statement import PrivacyStatement
@@ -65,13 +68,21 @@ SHARED_PARAMS = (
     "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "n_init", "kmeans_dims", "n_probe",
     "insecure_noise_seed",
 )
+#: The partition settings of the pipeline (the ``partition`` section of a pipeline file), which the
+#: in-memory estimator does not have: a class too large for one task is clustered out of core.
+PARTITION_PARAMS = (
+    "min_cluster_size", "oversampling_factor", "init_max_iter", "kmeans_max_iter", "max_cluster_rows",
+    "persist_fraction",
+)
 #: Manifest key of the estimator's public parameters (all but ``store_dir`` and
 #: ``insecure_noise_seed``), so that :meth:`DaskKAHMClassifier.load` restores them.
 ESTIMATOR_PARAMS_KEY = "estimator_params"
 #: Where a fit writes under ``store_dir``: the training rows, the pipeline's work store
 #: (private copies, noisy rows) and the model store.
 DATA, WORK, MODEL = "train.zarr", "work", "model.zarr"
-_NOT_STORED = ("store_dir", "insecure_noise_seed")
+#: Not in the manifest: local paths, the test-only noise seed, and where the fit ran (``security``
+#: holds the paths of a private key and certificates; ``storage_options`` may hold credentials).
+_NOT_STORED = ("store_dir", "insecure_noise_seed", "scheduler", "security", "storage_options")
 
 
 def _seed_constraints() -> list:
@@ -87,11 +98,31 @@ def _current_client() -> Client | None:
         return None
 
 
+def _scheduler_security(scheduler: str | None, security: Any) -> Security | None:
+    """The ``security`` parameter as a ``Security`` for the ``scheduler`` parameter, checked:
+    ``scheduler`` an address with protocol, ``security`` given for and only for a ``tls://``
+    one (:func:`~kahm_dask.pipeline.security.check_address`)."""
+    security = as_security(security)
+    if scheduler is None:
+        if security is not None:
+            raise ValueError("security is given but scheduler is None: security is how the estimator "
+                             "connects to scheduler='tls://host:port'; give that address too.")
+        return None
+    ADDRESS["check"](scheduler, "scheduler")
+    check_address(scheduler, security is not None, address_key="scheduler", tls_key="security")
+    return security
+
+
 @contextmanager
-def _training_client() -> Iterator[Client]:
-    """The current client, else one on a LocalCluster of one single-threaded worker process per
-    usable core (joblib's ``cpu_count``: affinity and cgroup quotas;
-    :func:`~kahm_dask.pipeline.cluster.connect`), closed on exit."""
+def _training_client(scheduler: str | None = None, security: Any = None) -> Iterator[Client]:
+    """A client on ``scheduler`` (with ``security``; :func:`_scheduler_security`) for the
+    duration of the fit; without one, the current client, else one on a LocalCluster of one
+    single-threaded worker process per usable core (joblib's ``cpu_count``: affinity and cgroup
+    quotas; :func:`~kahm_dask.pipeline.cluster.connect`), closed on exit."""
+    if scheduler is not None:
+        with connect_address(scheduler, security=_scheduler_security(scheduler, security)) as client:
+            yield client
+        return
     client = _current_client()
     if client is not None:
         yield client
@@ -114,8 +145,8 @@ def _take(codes: np.ndarray, classes: np.ndarray) -> np.ndarray:
     return classes[codes]
 
 
-def _check_target(path: Path) -> None:
-    """Raise unless ``path`` is free or holds a model store (which a write may replace)."""
+def _check_target(path: Location) -> None:
+    """Raise unless ``path`` is free or holds a complete model store (which a write may replace)."""
     if not path.exists():
         return
     try:
@@ -134,7 +165,7 @@ class DaskKAHMClassifier(ClassifierMixin, BaseEstimator):
     docs/algorithm.md#dp-classifier), with the data and the models in Zarr stores and the work
     on a Dask cluster: the training rows are never loaded whole, and prediction on a dask array
     is a lazy blockwise reduction. ``fit`` runs on the current ``distributed`` client (for a
-    remote scheduler, ``store_dir`` must be a path that the client and every worker see), else
+    remote scheduler, ``store_dir`` must be a path or URL that the client and every worker see), else
     on a LocalCluster of one single-threaded worker process per usable core that it starts
     and closes (in a script, call it under ``if __name__ == "__main__":``, as for any Dask
     cluster of worker processes).
@@ -146,11 +177,18 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         As in :class:`~kahm_dask.KAHMClassifier` (the same rules, from
         :data:`kahm_dask.params.PARAMS`). The DP noise comes from the operating system's
         secure generator unless ``insecure_noise_seed`` (tests only) is set.
+    min_cluster_size, oversampling_factor, init_max_iter, kmeans_max_iter, max_cluster_rows, \
+persist_fraction
+        The partition of the pipeline (a pipeline file's ``partition`` section; meanings and
+        rules in :data:`kahm_dask.params.PARAMS`): a class whose rows take more than a quarter
+        of a worker's memory is clustered out of core with k-means‖ and dask-ml Lloyd;
+        ``max_cluster_rows`` bounds the memory of every training task.
     random_state : int or None, default=None
         The pipeline's k-means seed (not private; the noise never depends on it). None: a seed
         drawn at each fit, recorded in the model store's manifest.
     store_dir : str, path or None, default=None
-        Directory of the stores a fit writes: ``train.zarr`` (the training rows, unless ``fit``
+        Directory (a local path, or a URL such as ``s3://bucket/prefix`` reached with
+        ``storage_options``) of the stores a fit writes: ``train.zarr`` (the training rows, unless ``fit``
         is given a dataset store; its privacy ledger ``train.zarr.privacy-ledger.json`` beside
         it), ``work/`` (private copies and the noisy rows: they stay with the data owner) and
         ``model.zarr`` (the model store; of a DP fit, publishable). A fit replaces these three.
@@ -159,12 +197,30 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
     chunk_rows : int or None, default=None
         Rows per chunk of the stores a fit writes, and of NumPy inputs to prediction; None:
         about 32 MiB per chunk.
+    scheduler : str or None, default=None
+        Address of a running Dask scheduler (``tcp://host:port`` or ``tls://host:port``):
+        ``fit`` connects to it for the duration of the fit, and predictions of NumPy input are
+        computed on a connection to it (lazy predictions stay lazy: compute them on a client
+        of your own). ``store_dir`` must then be a path the client and every worker see.
+        None: the current client, else a LocalCluster (above).
+    security : distributed.security.Security, mapping or None, default=None
+        TLS settings for a ``tls://`` ``scheduler`` (required for it, refused for any other):
+        a ``Security``, or a mapping of ``ca_file``, ``cert``, ``key`` (optional if ``cert``
+        holds it) and ``require_encryption`` (default True), the keys of the ``tls`` section
+        (:mod:`kahm_dask.pipeline.security`). Neither ``scheduler`` nor ``security`` is
+        written to the model store.
+    storage_options : dict or None, default=None
+        fsspec options (credentials, ``client_kwargs={"endpoint_url": ...}``, …) for the URLs
+        this estimator reads and writes: ``store_dir``, a dataset store URL given to ``fit`` or
+        the predictions, and the targets of :meth:`save` and :meth:`load`
+        (:mod:`kahm_dask.pipeline.location`). Passed to the tasks on the workers; never written
+        to a store.
 
     Attributes
     ----------
     classes_ : (C,) class labels
     n_features_in_ : int, p
-    model_path_ : :class:`~pathlib.Path` of the model store
+    model_path_ : :class:`~pathlib.Path` of the model store, or its URL (str) for a remote one
     n_clusters_ : int, clusters (branches) of all classes together
     n_branches_ : (C,) branches per class
     privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only)
@@ -196,10 +252,13 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
     """
 
     _parameter_constraints: dict = {
-        **parameter_constraints(*SHARED_PARAMS),
+        **parameter_constraints(*SHARED_PARAMS, *PARTITION_PARAMS),
         "random_state": _seed_constraints(),
         "store_dir": [None, str, os.PathLike],
         "chunk_rows": [None, Range(Integral, 1, None, closed="left")],
+        "scheduler": [None, str],
+        "security": [None, Security, Mapping],
+        "storage_options": [None, dict],
     }
 
     def __init__(
@@ -221,10 +280,19 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         s_rule: str = "round",
         n_init: int = 1,
         kmeans_dims: int | None = KMEANS_DIMS,
+        min_cluster_size: int | None = None,
+        oversampling_factor: float | None = None,
+        init_max_iter: int = 5,
+        kmeans_max_iter: int = 100,
+        max_cluster_rows: int | None = None,
+        persist_fraction: float = 0.25,
         n_probe: int | None = None,
         insecure_noise_seed: int | None = None,
         store_dir: str | os.PathLike | None = None,
         chunk_rows: int | None = None,
+        scheduler: str | None = None,
+        security: Security | Mapping[str, Any] | None = None,
+        storage_options: dict | None = None,
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
@@ -242,10 +310,19 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         self.s_rule = s_rule
         self.n_init = n_init
         self.kmeans_dims = kmeans_dims
+        self.min_cluster_size = min_cluster_size
+        self.oversampling_factor = oversampling_factor
+        self.init_max_iter = init_max_iter
+        self.kmeans_max_iter = kmeans_max_iter
+        self.max_cluster_rows = max_cluster_rows
+        self.persist_fraction = persist_fraction
         self.n_probe = n_probe
         self.insecure_noise_seed = insecure_noise_seed
         self.store_dir = store_dir
         self.chunk_rows = chunk_rows
+        self.scheduler = scheduler
+        self.security = security
+        self.storage_options = storage_options
 
     # ------------------------------------------------------------------ fitting
     def _check_params(self) -> int | float | None:
@@ -253,10 +330,37 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         its rule; returns ``r_value`` as ``r_source`` takes it."""
         name = type(self).__name__
         validate_parameter_constraints(self._parameter_constraints, self.get_params(deep=False), name)
+        _scheduler_security(self.scheduler, self.security)  # before any file is written
         return check_r_value(self.r_source, self.r_value, name)
 
-    def _settings(self, r_value: int | float | None) -> TrainSettings:
-        """The pipeline's settings from the parameters (``r_value`` as :meth:`_check_params` returns it)."""
+    @classmethod
+    def from_config(cls, cfg: PipelineConfig, *, bounds=None) -> DaskKAHMClassifier:
+        """The estimator a pipeline file describes: its ``model``, ``privacy`` and ``partition``
+        sections and its ``seed`` (the one translation of a pipeline file into parameters, used by
+        ``kahm-dask run``); ``bounds``: the DP release's feature bounds, as the run found them."""
+        m, p, part = cfg.model, cfg.privacy, cfg.partition
+        return cls(
+            n_components=m.n_components, n_layers=m.n_layers, block_size=m.block_size, random_state=cfg.seed,
+            epsilon=p.epsilon, delta=p.delta, bounds=bounds, d=p.d, dp_data=p.dp_data, r_source=p.r_source,
+            r_value=p.r_value, cluster_on=p.cluster_on, max_passes=p.max_passes, s_rule=m.s_rule, n_init=m.n_init,
+            kmeans_dims=m.kmeans_dims, min_cluster_size=m.min_cluster_size,
+            oversampling_factor=part.oversampling_factor, init_max_iter=part.init_max_iter,
+            kmeans_max_iter=part.max_iter, max_cluster_rows=part.max_cluster_rows,
+            persist_fraction=part.persist_fraction, n_probe=m.n_probe,
+        )
+
+    def train_settings(
+        self, *, bounds_source: str | None = None, budget: tuple[float, float] | None = None
+    ) -> TrainSettings:
+        """The pipeline's :class:`~kahm_dask.pipeline.train.TrainSettings` of these parameters, after
+        checking them: the one translation of parameters into settings (``fit``, ``kahm-dask train``,
+        ``kahm-dask run`` and the federated run all use it).
+
+        bounds_source : where ``bounds`` come from, for the privacy statement
+            (:data:`~kahm_dask.privacy.bounds.BOUNDS_PUBLIC` when None and bounds are given).
+        budget : (ε, δ) of the training store's privacy ledger; a release beyond it is refused.
+        """
+        r_value = self._check_params()
         params = TrainParams(
             self.n_components,
             self.n_layers,
@@ -272,53 +376,78 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
             delta=self.delta,
             d=self.d,
             bounds=self.bounds,
+            bounds_source=bounds_source,
             block_size=self.block_size,
             s_rule=self.s_rule,
             cluster_on=self.cluster_on,
             n_init=self.n_init,
             kmeans_dims=self.kmeans_dims,
+            min_cluster_size=self.min_cluster_size,
+            oversampling_factor=self.oversampling_factor,
+            init_max_iter=self.init_max_iter,
+            kmeans_max_iter=self.kmeans_max_iter,
+            max_cluster_rows=self.max_cluster_rows,
+            kmeans_persist_fraction=self.persist_fraction,
+            budget=None if budget is None else (float(budget[0]), float(budget[1])),
             insecure_noise_seed=self.insecure_noise_seed,
         )
 
-    def _store_root(self) -> Path:
-        """``store_dir``, or a new temporary directory deleted with this estimator (the previous
-        fit's temporary directory is deleted now)."""
+    def fit_store(
+        self, store: DatasetStore, model_path: LocationLike, work_path: LocationLike, *,
+        client: Client | None = None, progress: bool = False, bounds_source: str | None = None,
+        budget: tuple[float, float] | None = None,
+    ) -> dict:
+        """Train on the dataset ``store`` into the model store ``model_path``, with the private work
+        stores (noisy rows, private copies) in ``work_path``, on ``client`` (None: Dask's default
+        scheduler); returns the pipeline's training summary. ``bounds_source`` and ``budget``: as in
+        :meth:`train_settings`.
+
+        The one fit :meth:`fit`, ``kahm-dask train`` and ``kahm-dask run`` share; they differ only in
+        where the stores live. Finished clusters already in ``model_path`` are kept (a rerun resumes).
+        """
+        settings = self.train_settings(bounds_source=bounds_source, budget=budget)
+        summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress)
+        manifest = read_manifest(model_path)
+        manifest[ESTIMATOR_PARAMS_KEY] = self._stored_params()
+        write_manifest(model_path, manifest)
+        self._set_fitted(model_path, manifest)
+        return summary
+
+    def _store_root(self) -> Location:
+        """``store_dir`` (a local directory, created, or a URL), or a new temporary directory
+        deleted with this estimator (the previous fit's temporary directory is deleted now)."""
         previous = self.__dict__.pop("_owned_dir", None)
         if previous is not None:
             previous()
         if self.store_dir is not None:
-            root = Path(self.store_dir).absolute()
-            root.mkdir(parents=True, exist_ok=True)
+            root = as_location(self.store_dir, self.storage_options)
+            if root.is_local:
+                root.path.mkdir(parents=True, exist_ok=True)
             return root
         root = tempfile.mkdtemp(prefix="kahm-dask-")
         self._owned_dir = weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
-        return Path(root)
+        return as_location(root)
 
     def fit(self, X, y=None) -> DaskKAHMClassifier:
         """Train one model per (class, cluster) on the Dask cluster.
 
-        X : (N, p) NumPy array (or array-like), (N, p) dask array, or the path of a dataset
-            store written by :func:`~kahm_dask.pipeline.store.write_dataset` or
+        X : (N, p) NumPy array (or array-like), (N, p) dask array, or the path or URL (read
+            with ``storage_options``) of a dataset store written by :func:`~kahm_dask.pipeline.store.write_dataset` or
             :func:`~kahm_dask.pipeline.store.ingest` (then its labels are used and ``y`` must
             be None).
         y : (N,) labels (NumPy, list or dask array); None with a store path.
         """
-        r_value = self._check_params()
+        self._check_params()
         source = self._training_source(X, y)
         root = self._store_root()
         work, model = root / WORK, root / MODEL
         for stale in (work, model):  # a fit starts afresh (new noise, new k-means)
-            if stale.exists():
-                shutil.rmtree(stale)
-        with _training_client() as client:
+            stale.remove()
+        with _training_client(self.scheduler, self.security) as client:
             store = source if isinstance(source, DatasetStore) else write_dataset(
                 root / DATA, *source, chunk_rows=self.chunk_rows, overwrite=True
             )
-            train_pipeline(store, model, work, self._settings(r_value), client, progress=False)
-        manifest = read_manifest(model)
-        manifest[ESTIMATOR_PARAMS_KEY] = self._stored_params()
-        write_manifest(model, manifest)
-        self._set_fitted(model, manifest)
+            self.fit_store(store, model, work, client=client)
         return self
 
     def _training_source(self, X, y) -> DatasetStore | tuple[Any, Any]:
@@ -329,7 +458,7 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
                 raise ValueError(
                     f"X is the dataset store {os.fspath(X)!r}, whose labels are used; pass y=None."
                 )
-            store = open_dataset(X)
+            store = open_dataset(X, storage_options=self.storage_options)
             self._forget_feature_names()
             self.n_features_in_ = store.n_features
             return store
@@ -354,12 +483,12 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         """The public parameters, as JSON, for the model store's manifest."""
         return {k: _jsonable(v) for k, v in self.get_params(deep=False).items() if k not in _NOT_STORED}
 
-    def _set_fitted(self, model_path: Path, manifest: dict) -> None:
+    def _set_fitted(self, model_path: LocationLike, manifest: dict) -> None:
         """The fitted attributes of the model store at ``model_path`` (its ``manifest``)."""
         clusters = manifest["clusters"]
         self.classes_ = np.asarray(manifest["classes"])
         self.n_features_in_ = int(manifest["n_features"])
-        self.model_path_ = Path(model_path).absolute()
+        self.model_path_ = as_location(model_path, self.storage_options).public()
         self.n_clusters_ = len(clusters)
         self.n_branches_ = np.bincount([e["class"] for e in clusters], minlength=len(self.classes_))
         if manifest["privacy"] is not None:
@@ -368,6 +497,14 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
             self.privacy_statement_ = PrivacyStatement(**statement)
         elif hasattr(self, "privacy_statement_"):
             del self.privacy_statement_
+
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:
+        """scikit-learn's repr, with the values of ``storage_options`` (credentials) masked."""
+        if not self.storage_options:
+            return super().__repr__(N_CHAR_MAX)
+        shown = copy.copy(self)
+        shown.storage_options = dict.fromkeys(self.storage_options, "***")
+        return BaseEstimator.__repr__(shown, N_CHAR_MAX)
 
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__ itself
@@ -381,19 +518,25 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         if isinstance(X, da.Array):
             return X, True
         if isinstance(X, str | os.PathLike):
-            return open_dataset(X).X(), True
+            return open_dataset(X, storage_options=self.storage_options).X(), True
         X = validate_data(self, X, dtype=np.float64, reset=False)
         rows = rows_per_chunk(self.chunk_rows, X.shape[0], X.shape[1], X.dtype)
         return da.from_array(X, chunks=(rows, -1)), False
 
-    @staticmethod
-    def _result(job: da.Array, lazy: bool) -> da.Array | np.ndarray:
-        """``job`` itself for lazy input, else computed on the current client (or threads)."""
-        return job if lazy else compute(job, _current_client())
+    def _result(self, job: da.Array, lazy: bool) -> da.Array | np.ndarray:
+        """``job`` itself for lazy input (the caller computes it), else computed: on a connection
+        to ``scheduler`` if given, else on the current client (or threads)."""
+        if lazy:
+            return job
+        if self.scheduler is None:
+            return compute(job, _current_client())
+        with connect_address(self.scheduler, security=_scheduler_security(self.scheduler, self.security)) as client:
+            return compute(job, client)
 
     def _distances(self, X) -> tuple[da.Array, bool]:
         X, lazy = self._queries(X)
-        return class_distance_array(self.model_path_, X, n_probe=self.n_probe), lazy
+        return class_distance_array(self.model_path_, X, n_probe=self.n_probe,
+                                    storage_options=self.storage_options), lazy
 
     def class_distances(self, X) -> da.Array | np.ndarray:
         """Per-class distances ``Γ_{W_c}(x)`` (eq. 64; docs/algorithm.md#wide-kahm) → (m, C).
@@ -433,7 +576,7 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         A lazy 0-d dask array for lazy X (``float(...)`` computes it), else a float.
         """
         if isinstance(X, str | os.PathLike) and y is None:
-            y = open_dataset(X).labels()
+            y = open_dataset(X, storage_options=self.storage_options).labels()
         if y is None:
             raise ValueError("y is required unless X is the path of a dataset store (which holds the labels).")
         predicted = self.predict(X)
@@ -445,28 +588,38 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         return da.average(predicted == y, weights=sample_weight)
 
     # ------------------------------------------------------------ model store
-    def save(self, path: str | os.PathLike) -> Path:
-        """Copy the model store to ``path`` atomically (an existing model store there is
-        replaced; any other existing path is refused). Returns the path."""
+    def save(self, path: str | os.PathLike) -> Path | str:
+        """Copy the model store to ``path`` (a local path, or a URL written with
+        ``storage_options``) atomically: an existing model store there is replaced, any other
+        existing path is refused; on an object store the copy is written in place with its
+        completion marker last (:func:`~kahm_dask.pipeline.location.committed_directory`).
+        Returns the path (the URL for a remote one)."""
         check_is_fitted(self, "model_path_")
-        target = Path(path).absolute()
-        if target == self.model_path_:
-            return target
+        source = as_location(self.model_path_, self.storage_options)
+        target = as_location(path, self.storage_options)
+        if target == source:
+            return target.public()
         _check_target(target)
-        with atomic_directory(target) as tmp:
-            shutil.copytree(self.model_path_, tmp, ignore=shutil.ignore_patterns(".*.tmp-*", ".*.old-*"))
-        return target
+        with committed_directory(target) as tmp:
+            if source.is_local and tmp.is_local:
+                shutil.copytree(source.path, tmp.path, ignore=shutil.ignore_patterns(".*.tmp-*", ".*.old-*"))
+            else:
+                copy_tree(source, tmp)
+        return target.public()
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> DaskKAHMClassifier:
-        """A fitted estimator on the model store at ``path`` (used in place, not copied).
+    def load(cls, path: str | os.PathLike, *, storage_options: dict | None = None) -> DaskKAHMClassifier:
+        """A fitted estimator on the model store at ``path`` (a local path, or a URL read with
+        ``storage_options``; used in place, not copied).
 
         Its parameters are those the store was fitted with: all of them for a store written by
-        this class, else those its manifest records (a ``kahm-dask train`` store).
+        this class, else those its manifest records (a ``kahm-dask train`` store); its
+        ``storage_options`` are the ones given here (they are never stored).
         """
-        manifest = read_manifest(path)
-        est = cls(**cls._params_from_manifest(manifest))
-        est._set_fitted(Path(path), manifest)
+        where = as_location(path, storage_options)
+        manifest = read_manifest(where)
+        est = cls(**cls._params_from_manifest(manifest), storage_options=storage_options)
+        est._set_fitted(where, manifest)
         return est
 
     @staticmethod
@@ -496,7 +649,7 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         store has them) and ``fabrication_passes_`` the smoother passes per cluster.
         """
         check_is_fitted(self, "model_path_")
-        manifest = read_manifest(self.model_path_)
+        manifest = read_manifest(self.model_path_, storage_options=self.storage_options)
         seed = manifest["seed"]
         clf = KAHMClassifier(**{name: getattr(self, name) for name in SHARED_PARAMS if name != "random_state"},
                              random_state=seed, min_range=manifest["params"]["min_range"])
@@ -506,7 +659,7 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         for c, entries in enumerate(clusters):
             parts = np.repeat(np.arange(len(entries)), [e["n_rows"] for e in entries])
             wide = clf._wide(None if root is None else child_seed_sequence(root, PARTITION_STREAM, c))
-            branches = [load_cluster(cluster_dir(self.model_path_, c, e["cluster"])) for e in entries]
+            branches = [load_cluster(self._cluster(c, e["cluster"])) for e in entries]
             models.append(wide.assemble(branches, parts))
         clf.classes_ = self.classes_.copy()
         clf.models_ = models
@@ -531,7 +684,8 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         recorded)."""
         dp_rows, passes = {}, {}
         for c, (label, entries) in enumerate(zip(self.classes_.tolist(), clusters, strict=True)):
-            groups = [zarr.open_group(str(cluster_dir(self.model_path_, c, e["cluster"])), mode="r") for e in entries]
+            groups = [zarr.open_group(self._cluster(c, e["cluster"]).zarr_store(read_only=True), mode="r")
+                      for e in entries]
             if all("fabricated" in g for g in groups):
                 dp_rows[label] = np.concatenate([g["fabricated"][...] for g in groups])
             passes[label] = [g.attrs["info"].get("passes") for g in groups]
@@ -540,10 +694,17 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         if self.dp_data == "fabricated":
             clf.fabrication_passes_ = passes
 
+    def _cluster(self, c: int, s: int) -> Location:
+        """Where cluster (c, s) of the fitted model store is."""
+        return cluster_location(self.model_path_, c, s, self.storage_options)
+
     @classmethod
-    def from_classifier(cls, clf: KAHMClassifier, path: str | os.PathLike) -> DaskKAHMClassifier:
+    def from_classifier(
+        cls, clf: KAHMClassifier, path: str | os.PathLike, *, storage_options: dict | None = None
+    ) -> DaskKAHMClassifier:
         """Write the fitted :class:`~kahm_dask.KAHMClassifier` ``clf`` as a model store at
-        ``path`` (atomically; an existing model store there is replaced) and return the fitted
+        ``path`` (a local path, or a URL written with ``storage_options``; atomically, as in
+        :meth:`save`; an existing model store there is replaced) and return the fitted
         estimator on it.
 
         ``random_state`` is kept when it is an int (else None); the store has no DP rows (the
@@ -559,9 +720,9 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
         est._check_params()
         private = clf.epsilon is not None
         clusters = []
-        target = Path(path).absolute()
+        target = as_location(path, storage_options)
         _check_target(target)
-        with atomic_directory(target) as tmp:
+        with committed_directory(target) as tmp:
             for c, (label, model) in enumerate(zip(clf.classes_.tolist(), clf.models_, strict=True)):
                 for s, branch in enumerate(model.branches_):
                     info = {"class": c, "cluster": s, "n_rows": int(model.branch_sizes_[s]),
@@ -587,4 +748,4 @@ cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_see
                 "versions": _versions(),
                 ESTIMATOR_PARAMS_KEY: est._stored_params(),
             })
-        return cls.load(target)
+        return cls.load(target, storage_options=storage_options)

@@ -40,6 +40,7 @@ from distributed import Client
 from kahm_dask.federated import membership_fields
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores
+from kahm_dask.pipeline.estimator import DaskKAHMClassifier
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import (
     DISTANCES,
@@ -48,8 +49,7 @@ from kahm_dask.pipeline.predict import (
     predict_to_store,
 )
 from kahm_dask.pipeline.store import DatasetStore
-from kahm_dask.pipeline.tasks import TrainParams
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.train import TrainSettings
 from kahm_dask.privacy.membership import (
     membership_attack_from_distances,
     membership_inference_from_distances,
@@ -60,6 +60,7 @@ from kahm_dask.report import write_privacy_statement, write_report
 __all__ = [
     "RunPaths",
     "run_paths",
+    "estimator_from_config",
     "settings_from_config",
     "settings_fields",
     "release_fields",
@@ -123,49 +124,31 @@ def run_paths(output: str | Path, private: bool) -> RunPaths:
     return RunPaths(Path(output), bool(private))
 
 
-def settings_from_config(cfg: PipelineConfig, train: DatasetStore | None = None) -> TrainSettings:
-    """Translate a :class:`~kahm_dask.pipeline.config.PipelineConfig` into train settings.
+def estimator_from_config(
+    cfg: PipelineConfig, train: DatasetStore | None = None
+) -> tuple[DaskKAHMClassifier, str | None]:
+    """The :class:`~kahm_dask.DaskKAHMClassifier` a pipeline config describes
+    (:meth:`~kahm_dask.DaskKAHMClassifier.from_config`), and where its bounds come from.
 
     For a DP run the feature bounds come from :func:`~kahm_dask.pipeline.data.feature_bounds`
     (given the training store ``train``); without ``train`` they are left to
     :func:`~kahm_dask.pipeline.train.release_bounds` (the store's public feature range, else
     its private min/max, with a warning).
     """
-    m, p, part = cfg.model, cfg.privacy, cfg.partition
-    params = TrainParams(
-        n_components=m.n_components,
-        n_layers=m.n_layers,
-        epsilon=p.epsilon,
-        dp_data=p.dp_data,
-        r_source=p.r_source,
-        r_value=p.r_value,
-        max_passes=p.max_passes,
-    )
     bounds = source = None
-    if p.epsilon is not None and train is not None:
+    if cfg.privacy.epsilon is not None and train is not None:
         found = feature_bounds(cfg.data, train.n_features, train)
         if found is not None:
             bounds, source = (found[0], found[1]), found[2]
-    return TrainSettings(
-        params,
-        seed=cfg.seed,
-        delta=p.delta,
-        d=p.d,
-        bounds=bounds,
-        bounds_source=source,
-        block_size=m.block_size,
-        s_rule=m.s_rule,
-        min_cluster_size=m.min_cluster_size,
-        n_init=m.n_init,
-        kmeans_dims=m.kmeans_dims,
-        cluster_on=p.cluster_on,
-        oversampling_factor=part.oversampling_factor,
-        init_max_iter=part.init_max_iter,
-        kmeans_max_iter=part.max_iter,
-        max_cluster_rows=part.max_cluster_rows,
-        kmeans_persist_fraction=part.persist_fraction,
-        budget=None if p.budget is None else tuple(p.budget),
-    )
+    return DaskKAHMClassifier.from_config(cfg, bounds=bounds), source
+
+
+def settings_from_config(cfg: PipelineConfig, train: DatasetStore | None = None) -> TrainSettings:
+    """The train settings of a pipeline config: its estimator's
+    (:meth:`~kahm_dask.DaskKAHMClassifier.train_settings`, with the bounds' source and the
+    config's privacy budget)."""
+    estimator, source = estimator_from_config(cfg, train)
+    return estimator.train_settings(bounds_source=source, budget=cfg.privacy.budget)
 
 
 def settings_fields(cfg: PipelineConfig, client: Client | None) -> dict:
@@ -331,9 +314,10 @@ def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: bool =
         train, test = prepare_stores(cfg, paths.root)
     log.info("data: %d training rows, %d test rows, %d features", train.n_samples, test.n_samples, train.n_features)
 
-    settings = settings_from_config(cfg, train)
+    estimator, bounds_source = estimator_from_config(cfg, train)
     with clock.stage("fit"):
-        summary = train_pipeline(train, paths.model, paths.work, settings, client, progress=progress)
+        summary = estimator.fit_store(train, paths.model, paths.work, client=client, progress=progress,
+                                      bounds_source=bounds_source, budget=cfg.privacy.budget)
     with clock.stage("predict"):
         predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress,
                          n_probe=cfg.model.n_probe)

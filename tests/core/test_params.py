@@ -25,14 +25,15 @@ from kahm_dask import KAHMClassifier
 from kahm_dask.cli import main
 from kahm_dask.params import PARAMS, R_VALUE_RULES, Choices, Range
 from kahm_dask.partition import n_branches
-from kahm_dask.pipeline.config import ConfigError, ModelConfig, PipelineConfig, PrivacyConfig
+from kahm_dask.pipeline.config import ConfigError, ModelConfig, PartitionConfig, PipelineConfig, PrivacyConfig
 from kahm_dask.pipeline.store import write_dataset
 from kahm_dask.privacy.fabrication import _check_fabrication_options
 
 #: The name of a table parameter in the pipeline YAML and on the command line, where it differs.
-ALIASES = {"seed": "random_state"}
+ALIASES = {"seed": "random_state", "max_iter": "kmeans_max_iter"}
 #: Options of ``kahm-dask train`` that are not model or privacy parameters.
-CLI_OTHER = {"store", "model", "work", "budget", "scheduler", "cluster_config", "n_workers", "memory_limit"}
+CLI_OTHER = {"store", "model", "work", "budget", "scheduler", "cluster_config", "n_workers", "memory_limit",
+             "tls_ca_file", "tls_cert", "tls_key"}
 #: Core functions that check parameters themselves, by the parameters they take.
 FUNCTIONS = {
     "n_branches": (lambda p: n_branches(100, p.get("block_size", 1000), p.get("s_rule", "round")),
@@ -50,7 +51,9 @@ TRAIN = main.commands["train"]
 def _config_keys() -> dict[str, str]:
     """Table parameter → dotted key in the pipeline YAML."""
     keys = {}
-    for section, prefix in ((PipelineConfig, ""), (ModelConfig, "model."), (PrivacyConfig, "privacy.")):
+    sections = ((PipelineConfig, ""), (ModelConfig, "model."), (PrivacyConfig, "privacy."),
+                (PartitionConfig, "partition."))
+    for section, prefix in sections:
         for f in dataclasses.fields(section):
             name = ALIASES.get(f.name, f.name)
             if name in PARAMS:

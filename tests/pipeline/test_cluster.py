@@ -248,6 +248,20 @@ def test_shipped_remote_config_address():
     assert load_cluster_config(CONFIG_DIR / "remote.yaml").address == "tcp://127.0.0.1:8786"
 
 
+def test_shipped_remote_tls_config_loads_with_its_certificates(tmp_path, monkeypatch):
+    """remote_tls.yaml names tls/*.pem relative to the working directory; they must exist."""
+    from tests._tls import make_authority
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="invalid value for 'tls.ca_file' in .*remote_tls.yaml: no such file"):
+        load_cluster_config(CONFIG_DIR / "remote_tls.yaml")
+    make_authority(tmp_path / "tls", "example", ("client",))
+    spec = load_cluster_config(CONFIG_DIR / "remote_tls.yaml")
+    assert type(spec) is RemoteSpec and spec.address == "tls://127.0.0.1:8786"
+    assert (spec.tls.ca_file, spec.tls.key) == (tmp_path / "tls" / "ca.pem", tmp_path / "tls" / "client-key.pem")
+    assert spec.tls.require_encryption and RemoteSpec.from_mapping(spec.to_dict()) == spec
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
