@@ -382,8 +382,8 @@ def test_cli_train_rejects_a_single_row_class(stores, no_cluster):
 
 def test_cli_train_warns_when_n_components_exceeds_features(stores, monkeypatch):
     monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
-    monkeypatch.setattr("kahm_dask.pipeline.train.train_pipeline",
-                        lambda *a, **k: {"n_clusters": 2, "n_resumed": 0, "clusters": []})
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.DaskKAHMClassifier.fit_store",
+                        lambda self, *a, **k: {"n_clusters": 2, "n_resumed": 0, "clusters": []})
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "20")
     assert result.exit_code == 0, result.output
     assert "--n-components 20 exceeds the 5 features" in result.output
@@ -396,7 +396,7 @@ def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeyp
         raise KilledWorker("train_cluster-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
 
     monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
-    monkeypatch.setattr("kahm_dask.pipeline.train.train_pipeline", die)
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.train_pipeline", die)  # the fit behind the CLI
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "KilledWorker" in result.output and "rerun the same command to resume" in result.output
