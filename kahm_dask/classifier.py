@@ -36,7 +36,7 @@ from kahm_dask._validation import (
     check_n_components,
 )
 from kahm_dask.deep import WideKAHM
-from kahm_dask.kahm import EVAL_BLOCK_ROWS
+from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
 from kahm_dask.params import PARAMS, check_r_value, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
 from kahm_dask.privacy.bounds import resolve_bounds
@@ -58,17 +58,17 @@ ROUTED_BLOCK_ROWS = 4096
 
 #: How many recent ``class_distances`` results each fitted classifier keeps (0 disables), so
 #: that e.g. ``predict(X)`` after ``class_distances(X)`` (the membership score's pass over the
-#: same rows) does not evaluate every KAHM again. Keyed by the query bytes (BLAKE2b digest,
-#: ~0.1 s per 60 MB against minutes of evaluation) and cleared by ``fit``; a model whose fitted
-#: arrays are changed in place must be refitted (or this set to 0).
+#: same rows) does not evaluate every KAHM again. Keyed by ``eval_dtype`` and the query bytes
+#: (BLAKE2b digest, ~0.1 s per 60 MB against minutes of evaluation) and cleared by ``fit``; a
+#: model whose fitted arrays are changed in place must be refitted (or this set to 0).
 DISTANCE_CACHE_SIZE = 2
 _distance_cache: weakref.WeakKeyDictionary[KAHMClassifier, list] = weakref.WeakKeyDictionary()
 _distance_cache_lock = threading.Lock()
 
 
-def _query_key(X: np.ndarray, models: list) -> tuple:
+def _query_key(X: np.ndarray, models: list, dtype: str) -> tuple:
     digest = hashlib.blake2b(np.ascontiguousarray(X).view(np.uint8), digest_size=20).digest()
-    return (id(models), len(models), X.shape, X.dtype.str, digest)
+    return (id(models), len(models), dtype, X.shape, X.dtype.str, digest)
 
 
 def class_matching_scores(distances: np.ndarray) -> np.ndarray:
@@ -156,6 +156,12 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         nearest to it (docs/algorithm.md#routing), so the prediction cost stops growing with
         the number of branches. None (or ``n_probe ≥`` the branches of a class) evaluates every
         branch, exactly eq. 64.
+    eval_dtype : {"float64", "float32"}, default="float64"
+        Precision of the kernel block and its GEMM at prediction
+        (docs/algorithm.md#evaluation-precision): "float32" runs the dominant GEMM ~2.5× faster
+        with distances within ~1e-5 relative of float64 (queries and distances stay float64).
+        Passed to every class model at each prediction, so ``set_params`` after ``fit`` takes
+        effect.
     n_jobs : int or None, default=None
         Threads for ``fit`` (over classes) and prediction (over blocks of rows), joblib's
         convention: None is 1, -1 all cores. With more than one thread, BLAS and OpenMP run one
@@ -201,7 +207,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints: dict = parameter_constraints(
         "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d",
         "dp_data", "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range",
-        "chunk_size", "n_init", "kmeans_dims", "n_probe", "n_jobs", "ledger", "insecure_noise_seed",
+        "chunk_size", "n_init", "kmeans_dims", "n_probe", "eval_dtype", "n_jobs", "ledger", "insecure_noise_seed",
     )
 
     def __init__(
@@ -226,6 +232,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         n_init: int = 1,
         kmeans_dims: int | None = KMEANS_DIMS,
         n_probe: int | None = None,
+        eval_dtype: str = "float64",
         n_jobs: int | None = None,
         ledger=None,
         insecure_noise_seed: int | None = None,
@@ -249,6 +256,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         self.n_init = n_init
         self.kmeans_dims = kmeans_dims
         self.n_probe = n_probe
+        self.eval_dtype = eval_dtype
         self.n_jobs = n_jobs
         self.ledger = ledger
         self.insecure_noise_seed = insecure_noise_seed
@@ -272,6 +280,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             s_rule=self.s_rule,
             min_range=self.min_range,
             chunk_size=self.chunk_size,
+            eval_dtype=self.eval_dtype,
         )
 
     def fit(self, X, y, *, partition=None) -> KAHMClassifier:
@@ -411,7 +420,8 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         """Per-class distances ``Γ_{W_c}(x)`` (eq. 64) of the rows of X → (m, C)."""
         check_is_fitted(self, "models_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
-        key = _query_key(X, self.models_) if DISTANCE_CACHE_SIZE > 0 else None
+        eval_dtype(self.eval_dtype, type(self).__name__)
+        key = _query_key(X, self.models_, self.eval_dtype) if DISTANCE_CACHE_SIZE > 0 else None
         if key is not None:
             with _distance_cache_lock:
                 for k, D in _distance_cache.get(self, ()):
@@ -426,7 +436,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     def _class_distances(self, X: np.ndarray) -> np.ndarray:
         out = np.empty((X.shape[0], len(self.models_)))
-        n_probe = self.n_probe
+        n_probe, dtype = self.n_probe, self.eval_dtype
         # one cache/BLAS-sized block of rows through every class, branch and layer while it
         # is hot; distances only (no image bookkeeping) — docs/performance.md. With routing,
         # larger blocks, so that each branch meets enough of the rows that probe it.
@@ -434,7 +444,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
         def one_block(rows: slice) -> None:
             for c, model in enumerate(self.models_):
-                out[rows, c] = model._distance_rows(X[rows], n_probe=n_probe)[0]
+                out[rows, c] = model._distance_rows(X[rows], n_probe=n_probe, dtype=dtype)[0]
 
         in_threads(one_block, row_chunks(X.shape[0], block), self.n_jobs)
         return out

@@ -281,8 +281,10 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--n-probe", type=_param_type("n_probe"), default=None,
               help="Clusters per class each row meets (nearest centres); default: all.")
+@click.option("--eval-dtype", type=_param_type("eval_dtype"), default="float64", show_default=True,
+              help="Precision of the kernel blocks; float32 is faster, distances within ~1e-5 relative.")
 @_cluster_options
-def predict(model, store, out, n_probe, scheduler, cluster_config, n_workers, memory_limit) -> None:
+def predict(model, store, out, n_probe, eval_dtype, scheduler, cluster_config, n_workers, memory_limit) -> None:
     """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr)."""
     from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import predict_to_store
@@ -295,7 +297,7 @@ def predict(model, store, out, n_probe, scheduler, cluster_config, n_workers, me
             raise ValueError(f"{store} has {ds.n_features} features; the model {model} expects "
                              f"{n_features}. Predict rows with the features it was trained on.")
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            predict_to_store(model, ds.X(), out, client, progress=True, n_probe=n_probe)
+            predict_to_store(model, ds.X(), out, client, progress=True, n_probe=n_probe, eval_dtype=eval_dtype)
     except _user_errors() as exc:
         _fail(exc)
     click.echo(f"predictions for {ds.n_samples} rows written to {out}")

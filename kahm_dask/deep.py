@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
 from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows, check_positive_int
-from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, principal_subspace
+from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, eval_dtype, principal_subspace
 from kahm_dask.partition import (
     KMEANS_DIMS,
     check_partition,
@@ -60,9 +60,10 @@ def _query_blocks(n_rows: int, chunk_rows: int | None) -> Iterator[slice]:
 class _BatchEvaluator(TransformerMixin, BaseEstimator):
     """The one blocked evaluation of deep and wide KAHMs behind the public API.
 
-    A subclass implements ``_block_into(yq, best_g, best_img, best_idx)``: the running minimum
-    (:func:`_running_min`) over its candidate outputs (layers or branches) for one block of at
-    most EVAL_BLOCK_ROWS query rows, written into the given views.
+    A subclass implements ``_block_into(yq, best_g, best_img, best_idx, dtype)``: the running
+    minimum (:func:`_running_min`) over its candidate outputs (layers or branches) for one block
+    of at most EVAL_BLOCK_ROWS query rows, written into the given views, with the kernel blocks
+    in the NumPy ``dtype`` (docs/algorithm.md#evaluation-precision).
     """
 
     def _validate_queries(self, Yq) -> np.ndarray:
@@ -72,26 +73,36 @@ class _BatchEvaluator(TransformerMixin, BaseEstimator):
         return Yq
 
     def _evaluate_rows(
-        self, Yq: np.ndarray, *, keep_images: bool = True, chunk_rows: int | None = None
+        self,
+        Yq: np.ndarray,
+        *,
+        keep_images: bool = True,
+        chunk_rows: int | None = None,
+        dtype: str | None = None,
     ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """Outputs F(y) (m, p) — None unless ``keep_images`` —, distances ``Γ(y) = ‖y − F(y)‖``
         (m,) and the selected layer/branch index (m,) of validated queries ``Yq`` (m, p).
 
         Each block of :func:`_query_blocks` goes through ``_block_into`` while it is in cache;
         memory beyond the outputs is one block's temporaries. Rows never reached by a finite
-        distance keep Γ = +∞, index 0 and NaN images.
+        distance keep Γ = +∞, index 0 and NaN images. ``dtype``: the precision of the kernel
+        blocks, "float64" or "float32" (None: ``eval_dtype``); the outputs are float64 either way.
         """
+        kernel_dtype = eval_dtype(self.eval_dtype if dtype is None else dtype, type(self).__name__)
         m = Yq.shape[0]
         gamma = np.full(m, np.inf)
         index = np.zeros(m, dtype=np.int64)
         images = np.full_like(Yq, np.nan) if keep_images else None
         for rows in _query_blocks(m, chunk_rows):
-            self._block_into(Yq[rows], gamma[rows], None if images is None else images[rows], index[rows])
+            self._block_into(
+                Yq[rows], gamma[rows], None if images is None else images[rows], index[rows], kernel_dtype
+            )
         return images, gamma, index
 
-    def _distance_rows(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Distances (m,) and selected index (m,) of validated queries, without images (cheaper)."""
-        return self._evaluate_rows(Yq, keep_images=False)[1:]
+    def _distance_rows(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Distances (m,) and selected index (m,) of validated queries, without images (cheaper);
+        ``dtype`` as in :meth:`_evaluate_rows`."""
+        return self._evaluate_rows(Yq, keep_images=False, dtype=dtype)[1:]
 
     def transform(self, Yq) -> np.ndarray:
         """Model outputs for the query rows ``Yq`` (m, p) → (m, p)."""
@@ -129,6 +140,9 @@ class DeepKAHM(_BatchEvaluator):
         See :class:`~kahm_dask.KAHM`.
     chunk_size : int, default=1000
         Query rows per evaluation chunk of ``transform`` (memory only).
+    eval_dtype : {"float64", "float32"}, default="float64"
+        Precision of the kernel blocks at evaluation, passed to every layer; see
+        :class:`~kahm_dask.KAHM` and docs/algorithm.md#evaluation-precision.
 
     Attributes
     ----------
@@ -161,20 +175,23 @@ class DeepKAHM(_BatchEvaluator):
         *,
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
+        eval_dtype: str = "float64",
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
         self.min_range = min_range
         self.chunk_size = chunk_size
+        self.eval_dtype = eval_dtype
 
     def _kahm(self) -> KAHM:
-        return KAHM(self.n_components, min_range=self.min_range, chunk_size=self.chunk_size)
+        return KAHM(self.n_components, min_range=self.min_range, chunk_size=self.chunk_size, eval_dtype=self.eval_dtype)
 
     def fit(self, Y, y=None) -> DeepKAHM:
         """Fit L KAHMs to ``Y`` (N, p)."""
         check_positive_int(self.n_components, "n_components")
         check_positive_int(self.n_layers, "n_layers")
         check_positive_int(self.chunk_size, "chunk_size")
+        eval_dtype(self.eval_dtype, type(self).__name__)
         Y = as_data_matrix(Y, "Y")
         self._fit_validated(Y)
         return self
@@ -218,18 +235,19 @@ class DeepKAHM(_BatchEvaluator):
         model.n_features_in_ = int(meta["n_features_in"])
         return model
 
-    def _block_into(self, yq: np.ndarray, best_g, best_img, best_l) -> None:
+    def _block_into(self, yq: np.ndarray, best_g, best_img, best_l, dtype: np.dtype) -> None:
         """Nested layer outputs ``M_l`` (eq. 51) of one block of query rows (≤ EVAL_BLOCK_ROWS)
         and the running minimum of ``‖y − M_l(y)‖`` over the layers (eq. 55), while it is in cache.
 
         Updates the ``best_*`` views in place (``best_img`` may be None: distances only).
-        Layer outputs alternate between two per-thread buffers: layer l reads layer l − 1's.
+        Layer outputs alternate between two per-thread float64 buffers: layer l reads layer
+        l − 1's. ``dtype``: the NumPy dtype of every layer's kernel block.
         """
         shape = yq.shape
         x = yq
         for l, layer in enumerate(self.layers_):
             out = _buffer("layer-even" if l % 2 == 0 else "layer-odd", shape)
-            bad = layer._images_into(x, out)
+            bad = layer._images_into(x, out, dtype)
             layer._warn_degenerate(bad, x, stacklevel=4)
             diff = np.subtract(yq, out, out=_buffer("diff", shape))
             g = np.sqrt(_row_sq_norms(diff))
@@ -268,6 +286,9 @@ class WideKAHM(_BatchEvaluator):
         centres are nearest to it (:mod:`kahm_dask.routing`,
         docs/algorithm.md#routing); None or ``n_probe ≥ S`` evaluates every branch (eq. 64
         exactly). ``transform`` always evaluates every branch.
+    eval_dtype : {"float64", "float32"}, default="float64"
+        Precision of the kernel blocks at evaluation (docs/algorithm.md#evaluation-precision),
+        for every branch whatever the branches' own setting; see :class:`~kahm_dask.KAHM`.
 
     Attributes
     ----------
@@ -317,6 +338,7 @@ class WideKAHM(_BatchEvaluator):
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
         n_probe: int | None = None,
+        eval_dtype: str = "float64",
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
@@ -329,10 +351,15 @@ class WideKAHM(_BatchEvaluator):
         self.min_range = min_range
         self.chunk_size = chunk_size
         self.n_probe = n_probe
+        self.eval_dtype = eval_dtype
 
     def _deep(self) -> DeepKAHM:
         return DeepKAHM(
-            self.n_components, self.n_layers, min_range=self.min_range, chunk_size=self.chunk_size
+            self.n_components,
+            self.n_layers,
+            min_range=self.min_range,
+            chunk_size=self.chunk_size,
+            eval_dtype=self.eval_dtype,
         )
 
     def _min_cluster_size(self) -> int:
@@ -360,6 +387,7 @@ class WideKAHM(_BatchEvaluator):
         """
         for name in ("n_components", "n_layers", "block_size", "chunk_size"):
             check_positive_int(getattr(self, name), name)
+        eval_dtype(self.eval_dtype, type(self).__name__)
         Y = as_data_matrix(Y, "Y")
         check_n_rows(Y.shape[0], 2, "Y")
         labels, ids = self.branch_labels(Y, partition)
@@ -399,23 +427,31 @@ class WideKAHM(_BatchEvaluator):
         ``n_probe`` nearest branches when routing is on."""
         return self._distance_rows(self._validate_queries(Yq), n_probe=self.n_probe)[0]
 
-    def _distance_rows(self, Yq: np.ndarray, n_probe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _distance_rows(
+        self, Yq: np.ndarray, n_probe: int | None = None, dtype: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Distances (m,) and selected branch (m,) of validated queries ``Yq`` (m, p).
 
         ``n_probe`` None or ≥ S: every branch (the blocked exhaustive path). Otherwise the
         minimum over the probed branches only (:func:`~kahm_dask.routing.routed_minimum`,
-        docs/algorithm.md#routing).
+        docs/algorithm.md#routing). ``dtype``: the precision of the kernel blocks, "float64" or
+        "float32" (None: ``eval_dtype``), for every branch.
         """
         if n_probe is None or n_probe >= self.n_branches_:
-            return super()._distance_rows(Yq)
-        return routed_minimum(Yq, self.centres_, n_probe, lambda s, rows: self.branches_[s]._distance_rows(rows)[0])
+            return super()._distance_rows(Yq, dtype=dtype)
+        dtype = self.eval_dtype if dtype is None else dtype
+        eval_dtype(dtype, type(self).__name__)
+        return routed_minimum(
+            Yq, self.centres_, n_probe, lambda s, rows: self.branches_[s]._distance_rows(rows, dtype=dtype)[0]
+        )
 
-    def _block_into(self, yq: np.ndarray, best_g, best_img, best_s) -> None:
+    def _block_into(self, yq: np.ndarray, best_g, best_img, best_s, dtype: np.dtype) -> None:
         """Every branch's deep output for one block of query rows; keep the nearest
         (eqs. 57–58, Γ_W of eq. 64).
 
         Each branch's running minimum over its layers, then the minimum over branches (ties keep
         the lowest branch). Updates the ``best_*`` views in place (``best_img`` may be None).
+        ``dtype``: the NumPy dtype of every kernel block.
         """
         k = yq.shape[0]
         g_b, l_b = np.empty(k), np.empty(k, dtype=np.int64)
@@ -424,5 +460,5 @@ class WideKAHM(_BatchEvaluator):
             g_b.fill(np.inf)
             if img_b is not None:
                 img_b.fill(np.nan)
-            branch._block_into(yq, g_b, img_b, l_b)
+            branch._block_into(yq, g_b, img_b, l_b, dtype)
             _running_min(best_g, best_img, best_s, g_b, img_b, s)

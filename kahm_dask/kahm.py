@@ -29,6 +29,7 @@ from kahm_dask._validation import (
     check_positive_int,
 )
 from kahm_dask.kernel import gaussian_kernel_matrix, kernel_scale
+from kahm_dask.params import check_params
 from kahm_dask.regularization import solve_lambda_spectral
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "PrincipalSubspace",
     "principal_subspace",
     "DENOMINATOR_RTOL",
+    "eval_dtype",
 ]
 
 #: Denominator guard (docs/algorithm.md#denominator-guard): a query whose weight sum |Σ h^i| is
@@ -52,22 +54,31 @@ EVAL_BLOCK_ROWS = 512
 _workspace = threading.local()
 
 
-def _buffer(key: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A reusable per-thread float64 scratch array of ``shape`` (contents undefined).
+def _buffer(key: str, shape: tuple[int, ...], dtype: np.dtype | type = np.float64) -> np.ndarray:
+    """A reusable per-thread scratch array of ``shape`` and ``dtype`` (contents undefined).
 
     Evaluation writes its temporaries (kernel block, GEMM output, images) into these instead
     of allocating fresh arrays for every (block, branch, layer): the buffers stay hot in cache
-    and never page-fault again. At most ``EVAL_BLOCK_ROWS`` rows each, so a few tens of MiB
-    per thread. Never returned to callers.
+    and never page-fault again. One buffer per (``key``, ``dtype``), at most ``EVAL_BLOCK_ROWS``
+    rows each, so a few tens of MiB per thread. Never returned to callers.
     """
     cache = getattr(_workspace, "buffers", None)
     if cache is None:
         cache = _workspace.buffers = {}
+    dtype = np.dtype(dtype)
     size = int(np.prod(shape))
-    buf = cache.get(key)
+    buf = cache.get((key, dtype))
     if buf is None or buf.size < size:
-        buf = cache[key] = np.empty(size)
+        buf = cache[key, dtype] = np.empty(size, dtype=dtype)
     return buf[:size].reshape(shape)
+
+
+def eval_dtype(value: str, caller: str) -> np.dtype:
+    """The NumPy dtype of the ``eval_dtype`` parameter ``value`` ("float64" or "float32",
+    docs/algorithm.md#evaluation-precision); scikit-learn's ``InvalidParameterError`` naming the
+    parameter and ``caller`` for any other value."""
+    check_params({"eval_dtype": value}, caller)
+    return np.dtype(value)
 
 
 def _row_sq_norms(A: np.ndarray) -> np.ndarray:
@@ -203,6 +214,12 @@ class KAHM(TransformerMixin, BaseEstimator):
         docs/algorithm.md#decision-lambda-stopping): stop when the change of e is at most
         ``lambda_rtol·s`` or, if ``lambda_atol`` is set, when the change of λ is at most
         ``lambda_atol`` (the author's rule).
+    eval_dtype : {"float64", "float32"}, default="float64"
+        Precision of the kernel block and its GEMM when queries are evaluated
+        (docs/algorithm.md#evaluation-precision). "float32" runs ``exp`` and the
+        (m × N)·(N × (p + 1)) GEMM in float32 (the GEMM ~2.5× faster, docs/performance.md), with
+        distances within ~1e-5 relative of float64; queries, images and distances stay float64.
+        "float64" is bit-identical to before. May be changed after ``fit``.
 
     Attributes
     ----------
@@ -252,6 +269,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         lambda_rtol: float = 1e-10,
         lambda_atol: float | None = None,
         lambda_max_iter: int = 1000,
+        eval_dtype: str = "float64",
     ) -> None:
         self.n_components = n_components
         self.min_range = min_range
@@ -260,6 +278,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.lambda_rtol = lambda_rtol
         self.lambda_atol = lambda_atol
         self.lambda_max_iter = lambda_max_iter
+        self.eval_dtype = eval_dtype
 
     # ------------------------------------------------------------------ fitting
     def fit(self, Y, y=None) -> KAHM:
@@ -285,6 +304,7 @@ class KAHM(TransformerMixin, BaseEstimator):
             raise ValueError(f"min_range must be None or a number >= 0, got {self.min_range!r}.")
         if self.regularization is not None:
             check_positive_float(self.regularization, "regularization")
+        eval_dtype(self.eval_dtype, type(self).__name__)
 
     def _fit(self, Y, training_images: bool = False) -> np.ndarray | None:
         self._check_params()
@@ -406,6 +426,24 @@ class KAHM(TransformerMixin, BaseEstimator):
         self._codes_aug = codes_aug
         return query_map, query_offset, codes_aug
 
+    def _beta32(self) -> np.ndarray:
+        """``beta_`` (N, p + 1) rounded to float32, the operand of the float32 GEMM
+        (docs/algorithm.md#evaluation-precision).
+
+        Made on first use and kept on the instance with the ``beta_`` it was made from (a new
+        ``beta_``, e.g. a refit, makes it again); not part of :meth:`to_state` and never pickled.
+        One tuple assignment, so threads sharing a model at worst make it twice.
+        """
+        cached = self.__dict__.get("_beta32_cache")
+        if cached is None or cached[0] is not self.beta_:
+            cached = self._beta32_cache = (self.beta_, self.beta_.astype(np.float32))
+        return cached[1]
+
+    def __getstate__(self) -> dict:
+        state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__ itself
+        state.pop("_beta32_cache", None)  # derived, rebuilt on first float32 use
+        return state
+
     # ------------------------------------------------------------ serialisation
     _STATE_ARRAYS = ("mean_", "components_", "explained_variance_", "codes_", "beta_", "kernel_eigenvalues_")
     _STATE_SCALARS = (
@@ -447,8 +485,9 @@ class KAHM(TransformerMixin, BaseEstimator):
         images[bad] = np.nan
         return images, bad
 
-    def _images_into(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Images of the rows of ``x`` (m, p) written into ``out`` (m, p); returns the guard mask.
+    def _images_into(self, x: np.ndarray, out: np.ndarray, dtype: np.dtype | type = np.float64) -> np.ndarray:
+        """Images of the rows of ``x`` (m, p) written into ``out`` (m, p), both float64; returns
+        the guard mask (m,).
 
         The fused batch formula of docs/algorithm.md#batched-evaluation, two GEMMs and three
         passes over the (m, N) block:
@@ -457,6 +496,14 @@ class KAHM(TransformerMixin, BaseEstimator):
         ``Kq = exp(E)`` in place (each row's largest entry is exactly 1), ``O = Kq·B``,
         ``out = O[:, :p] / O[:, p]``. Rows with a degenerate weight sum (or non-finite input)
         get NaN. Temporaries live in per-thread buffers; keep ``m`` ≤ EVAL_BLOCK_ROWS.
+
+        ``dtype`` float32 (docs/algorithm.md#evaluation-precision): ``Zq`` and ``E − rowmax E``
+        stay float64, because E's entries carry the row constant ‖zq‖²/(2n) until the shift
+        (in float32 its rounding would be an error in every exponent, growing with the query's
+        distance from the data) and their GEMM, m·(n + 1)·N, is ~3% of the big one. The shifted
+        exponent (≤ 0) is rounded to float32, ``exp`` and ``O = Kq·B`` run in float32 (B from
+        :meth:`_beta32`), and the quotient is taken in float64 from the float32 O. The guard is
+        the same test on the float32 denominator.
         """
         m, p = x.shape
         try:
@@ -466,10 +513,15 @@ class KAHM(TransformerMixin, BaseEstimator):
         zq = np.matmul(x, query_map, out=_buffer("zq", (m, query_map.shape[1])))
         zq += query_offset
         E = np.matmul(zq, codes_aug, out=_buffer("E", (m, codes_aug.shape[1])))
-        np.subtract(E, E.max(axis=1, keepdims=True), out=E)
-        np.exp(E, out=E)
-        O = np.matmul(E, self.beta_, out=_buffer("O", (m, p + 1)))
-        den = O[:, p]
+        if np.dtype(dtype) == np.float32:
+            Kq = np.subtract(E, E.max(axis=1, keepdims=True), out=_buffer("Kq", E.shape, np.float32))
+            np.exp(Kq, out=Kq)
+            O = np.matmul(Kq, self._beta32(), out=_buffer("O", (m, p + 1), np.float32))
+        else:
+            np.subtract(E, E.max(axis=1, keepdims=True), out=E)
+            np.exp(E, out=E)
+            O = np.matmul(E, self.beta_, out=_buffer("O", (m, p + 1)))
+        den = O[:, p].astype(np.float64, copy=False)  # float32: the quotient is formed in float64
         bad = ~(np.abs(den) >= self._den_threshold)  # also catches NaN
         with np.errstate(divide="ignore", invalid="ignore"):
             np.divide(O[:, :p], den[:, None], out=out)
@@ -489,28 +541,32 @@ class KAHM(TransformerMixin, BaseEstimator):
                     stacklevel=stacklevel + 1,
                 )
 
-    def _images(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Images of validated query rows ``Yq`` (m, p) and their guard mask (m,).
+    def _images(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Images (m, p) of validated query rows ``Yq`` (m, p) and their guard mask (m,); float64
+        whatever ``dtype``, the precision of the kernel block (None: ``eval_dtype``).
 
         Rows whose weight sum is degenerate, or whose input is not finite, get NaN images.
         """
+        kernel_dtype = eval_dtype(self.eval_dtype if dtype is None else dtype, type(self).__name__)
         m = Yq.shape[0]
         images = np.empty_like(Yq)
         bad = np.empty(m, dtype=bool)
         for rows in row_chunks(m, EVAL_BLOCK_ROWS):
-            bad[rows] = self._images_into(Yq[rows], images[rows])
+            bad[rows] = self._images_into(Yq[rows], images[rows], kernel_dtype)
         self._warn_degenerate(bad, Yq)
         return images, bad
 
-    def _evaluate(self, Yq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Images (m, p) and distances Γ (m,) of validated queries, in row chunks."""
+    def _evaluate(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Images (m, p) and distances Γ (m,) of validated queries ``Yq`` (m, p), in row chunks;
+        float64 whatever ``dtype``, the precision of the kernel block (None: ``eval_dtype``)."""
+        kernel_dtype = eval_dtype(self.eval_dtype if dtype is None else dtype, type(self).__name__)
         m = Yq.shape[0]
         images = np.empty_like(Yq)
         gamma = np.empty(m)
         bad = np.empty(m, dtype=bool)
         for rows in row_chunks(m, min(self.chunk_size, EVAL_BLOCK_ROWS)):
             img = images[rows]
-            bad[rows] = self._images_into(Yq[rows], img)
+            bad[rows] = self._images_into(Yq[rows], img, kernel_dtype)
             diff = np.subtract(Yq[rows], img, out=_buffer("diff", img.shape))
             gamma[rows] = np.sqrt(_row_sq_norms(diff))
         gamma[bad] = np.inf

@@ -121,6 +121,11 @@ PARAMS: dict[str, Param] = {
         "branches per class evaluated for a query, those with the nearest centres; None: all "
         "(docs/algorithm.md#routing)",
     ),
+    "eval_dtype": Param(
+        (Choices("float64", "float32"),),
+        "precision of the kernel block and its GEMM when queries are evaluated: float64 (the default, as "
+        "before) or float32, faster, distances within ~1e-5 relative (docs/algorithm.md#evaluation-precision)",
+    ),
     "n_jobs": Param(
         (None, Range(Integral, 1, None, closed="left"), Range(Integral, None, -1, closed="right")),
         "threads of fit and predict, one BLAS thread each (joblib convention: None 1, -1 all cores, -2 all but one)",

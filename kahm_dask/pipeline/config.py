@@ -71,6 +71,7 @@ SRule = Literal[PARAMS["s_rule"].choices]
 DpData = Literal[PARAMS["dp_data"].choices]
 RSource = Literal[PARAMS["r_source"].choices]
 ClusterOn = Literal[PARAMS["cluster_on"].choices]
+EvalDtype = Literal[PARAMS["eval_dtype"].choices]
 
 
 class ConfigError(ValueError):
@@ -441,8 +442,9 @@ def _resolve_source(source: str, key: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(Section):
     """``model``: the DeepKAHM of each cluster, the partition into clusters (``n_init``,
-    ``kmeans_dims``: the k-means of a class partitioned in one task) and the routing of
-    predictions (``n_probe``: clusters per class a query meets; null: all)."""
+    ``kmeans_dims``: the k-means of a class partitioned in one task), the routing of
+    predictions (``n_probe``: clusters per class a query meets; null: all) and their precision
+    (``eval_dtype``: float64 or float32 kernel blocks, docs/algorithm.md#evaluation-precision)."""
 
     _key: ClassVar[str] = "model"
     n_components: int = field(default=20, metadata=rule("n_components"))
@@ -453,6 +455,7 @@ class ModelConfig(Section):
     n_init: int = field(default=1, metadata=rule("n_init"))
     kmeans_dims: int | None = field(default=KMEANS_DIMS, metadata=rule("kmeans_dims"))
     n_probe: int | None = field(default=None, metadata=rule("n_probe"))
+    eval_dtype: EvalDtype = "float64"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,7 +65,7 @@ __all__ = ["DaskKAHMClassifier", "ESTIMATOR_PARAMS_KEY"]
 #: The parameters :class:`DaskKAHMClassifier` shares with :class:`~kahm_dask.KAHMClassifier`.
 SHARED_PARAMS = (
     "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d", "dp_data",
-    "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "n_init", "kmeans_dims", "n_probe",
+    "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "n_init", "kmeans_dims", "n_probe", "eval_dtype",
     "insecure_noise_seed",
 )
 #: The partition settings of the pipeline (the ``partition`` section of a pipeline file), which the
@@ -173,10 +173,12 @@ class DaskKAHMClassifier(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data, r_source, r_value, \
-cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, insecure_noise_seed
+cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, eval_dtype, insecure_noise_seed
         As in :class:`~kahm_dask.KAHMClassifier` (the same rules, from
         :data:`kahm_dask.params.PARAMS`). The DP noise comes from the operating system's
-        secure generator unless ``insecure_noise_seed`` (tests only) is set.
+        secure generator unless ``insecure_noise_seed`` (tests only) is set. ``n_probe`` and
+        ``eval_dtype`` (the precision of the prediction tasks' kernel blocks,
+        docs/algorithm.md#evaluation-precision) act at prediction and may be changed after ``fit``.
     min_cluster_size, oversampling_factor, init_max_iter, kmeans_max_iter, max_cluster_rows, \
 persist_fraction
         The partition of the pipeline (a pipeline file's ``partition`` section; meanings and
@@ -287,6 +289,7 @@ persist_fraction
         max_cluster_rows: int | None = None,
         persist_fraction: float = 0.25,
         n_probe: int | None = None,
+        eval_dtype: str = "float64",
         insecure_noise_seed: int | None = None,
         store_dir: str | os.PathLike | None = None,
         chunk_rows: int | None = None,
@@ -317,6 +320,7 @@ persist_fraction
         self.max_cluster_rows = max_cluster_rows
         self.persist_fraction = persist_fraction
         self.n_probe = n_probe
+        self.eval_dtype = eval_dtype
         self.insecure_noise_seed = insecure_noise_seed
         self.store_dir = store_dir
         self.chunk_rows = chunk_rows
@@ -346,7 +350,7 @@ persist_fraction
             kmeans_dims=m.kmeans_dims, min_cluster_size=m.min_cluster_size,
             oversampling_factor=part.oversampling_factor, init_max_iter=part.init_max_iter,
             kmeans_max_iter=part.max_iter, max_cluster_rows=part.max_cluster_rows,
-            persist_fraction=part.persist_fraction, n_probe=m.n_probe,
+            persist_fraction=part.persist_fraction, n_probe=m.n_probe, eval_dtype=m.eval_dtype,
         )
 
     def train_settings(
@@ -535,7 +539,7 @@ persist_fraction
 
     def _distances(self, X) -> tuple[da.Array, bool]:
         X, lazy = self._queries(X)
-        return class_distance_array(self.model_path_, X, n_probe=self.n_probe,
+        return class_distance_array(self.model_path_, X, n_probe=self.n_probe, eval_dtype=self.eval_dtype,
                                     storage_options=self.storage_options), lazy
 
     def class_distances(self, X) -> da.Array | np.ndarray:

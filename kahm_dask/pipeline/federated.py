@@ -364,16 +364,18 @@ def _global_codes(local: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def site_answer_arrays(
-    model_path: Path, X: da.Array, classes: Sequence[Any], *, n_probe: int | None = None
+    model_path: Path, X: da.Array, classes: Sequence[Any], *, n_probe: int | None = None,
+    eval_dtype: str = "float64",
 ) -> tuple[da.Array, da.Array]:
     """Lazy ``(ρ_q, ĉ_q)`` of one site for the rows of X (m, p): min and argmin over the
     site's classes of its (m, C_q) class distances (routed with ``n_probe``,
-    docs/algorithm.md#routing); both (m,), ĉ_q as a code into ``classes`` (the pooled class
-    labels)."""
+    docs/algorithm.md#routing; kernel blocks in ``eval_dtype``,
+    docs/algorithm.md#evaluation-precision); both (m,), ĉ_q as a code into ``classes`` (the
+    pooled class labels)."""
     site_classes = read_manifest(model_path)["classes"]
     index = {label: code for code, label in enumerate(classes)}
     table = np.array([index[label] for label in site_classes], dtype=np.int64)
-    D = class_distance_array(model_path, X, n_probe=n_probe)  # (m, C_q), never leaves the site's workers
+    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype)  # (m, C_q), stays at the site
     return D.min(axis=1), D.argmin(axis=1).map_blocks(_global_codes, table, dtype=np.int64,
                                                       meta=np.empty((0,), np.int64))
 
@@ -396,7 +398,7 @@ def _store_arrays(
 
 def answer_to_store(
     q: int, model_path: Path, X: da.Array, classes: Sequence[Any], path: Path,
-    client: Client | None, *, pin: bool = False, n_probe: int | None = None,
+    client: Client | None, *, pin: bool = False, n_probe: int | None = None, eval_dtype: str = "float64",
 ) -> Path:
     """Site q answers the queries X (m, p): ``(ρ_q, ĉ_q)`` into the Zarr group ``path``
     (arrays ``min_distance`` and ``label``), its only output. With ``pin`` all of it runs on
@@ -404,7 +406,7 @@ def answer_to_store(
     name their layers alike (``kahm-dist-c{c}-s{s}``). X are queries (the coordinator's test
     rows), sent to every site: never pass a site's training rows here."""
     with _pinned(q, pin):
-        rho, code = site_answer_arrays(model_path, X, classes, n_probe=n_probe)
+        rho, code = site_answer_arrays(model_path, X, classes, n_probe=n_probe, eval_dtype=eval_dtype)
         _store_arrays({MIN_DISTANCE: rho, LABEL: code}, path, client)
     return Path(path)
 
@@ -438,12 +440,14 @@ def answer_path(model_path: Path, name: str) -> Path:
 
 def federated_predict(
     model_paths: Sequence[Path], X: da.Array, classes: Sequence[Any], name: str,
-    client: Client | None, *, pin: bool = False, n_probe: int | None = None,
+    client: Client | None, *, pin: bool = False, n_probe: int | None = None, eval_dtype: str = "float64",
 ) -> FederatedDecision:
-    """Every site answers the queries X (m, p) into :func:`answer_path`; returns the lazy
-    global decision over those answers (codes into ``classes``)."""
+    """Every site answers the queries X (m, p) into :func:`answer_path` (``n_probe`` and
+    ``eval_dtype`` as in :func:`site_answer_arrays`); returns the lazy global decision over
+    those answers (codes into ``classes``)."""
     paths = [
-        answer_to_store(q, path, X, classes, answer_path(path, name), client, pin=pin, n_probe=n_probe)
+        answer_to_store(q, path, X, classes, answer_path(path, name), client, pin=pin, n_probe=n_probe,
+                        eval_dtype=eval_dtype)
         for q, path in enumerate(model_paths)
     ]
     return federated_decision_arrays(paths)
@@ -463,10 +467,11 @@ def _site_membership_task(d_train: np.ndarray, d_test: np.ndarray, seed: int, pa
 def site_membership(
     q: int, store: DatasetStore, model_path: Path, test_answers: Path, out_path: Path,
     client: Client | None, *, max_train_rows: int | None = None, seed: int = 0,
-    pin: bool = False, n_probe: int | None = None,
+    pin: bool = False, n_probe: int | None = None, eval_dtype: str = "float64",
 ) -> dict:
     """Site q's membership report, computed at site q: its model's distances ρ_q of its own
-    training rows (``store``; a seeded subset of ``max_train_rows``) against its answers to
+    training rows (``store``; a seeded subset of ``max_train_rows``; computed as the answers,
+    with ``n_probe`` and ``eval_dtype``) against its answers to
     the shared queries (``test_answers``), written to ``out_path`` (site q's owner folder).
 
     Returns only the summary fields (:func:`~kahm_dask.pipeline.run.membership_metrics`). With
@@ -476,7 +481,7 @@ def site_membership(
     """
     with _pinned(q, pin):
         X = member_rows(store, max_train_rows, seed)  # built here: reads carry site q's resource
-        d_train = class_distance_array(model_path, X, n_probe=n_probe).min(axis=1)  # as the answers
+        d_train = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype).min(axis=1)
         d_test = da.from_zarr(str(test_answers), component=MIN_DISTANCE)
         job = dask.delayed(_site_membership_task, pure=False)(d_train, d_test, seed, str(out_path))
         return compute(job, client)
@@ -543,7 +548,8 @@ def run_federated_pipeline(
     model_paths = [f.model for f in folders]
     with clock.stage("predict"):
         decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
-                                     pin=fed.pin_sites, n_probe=cfg.model.n_probe)
+                                     pin=fed.pin_sites, n_probe=cfg.model.n_probe,
+                                     eval_dtype=cfg.model.eval_dtype)
         arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
         _store_arrays(arrays, paths.predictions, client, {"classes": list(train.classes)})
     group = zarr.open_group(str(paths.predictions), mode="r")
@@ -556,7 +562,8 @@ def run_federated_pipeline(
             site_membership(q, store, model_paths[q], answer_path(model_paths[q], "test"),
                             folders[q].owner / "membership.json", client,
                             max_train_rows=cfg.evaluate.max_train_rows,
-                            seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe)
+                            seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe,
+                            eval_dtype=cfg.model.eval_dtype)
             for q, store in enumerate(stores)
         ]
         quality.update(membership_summary(per_site))

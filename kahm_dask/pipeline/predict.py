@@ -19,6 +19,7 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from kahm_dask._validation import check_finite_rows
+from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.location import Location, LocationLike, as_location, committed_directory
 from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_location, read_manifest
@@ -30,15 +31,24 @@ PREDICTIONS = "predictions"
 DISTANCES = "class_distances"
 
 
-def _cluster_block(x: np.ndarray, path: Location) -> np.ndarray:
-    """Γ (m,) of the rows of one block (m, p) under one cluster's DeepKAHM (Definition 4).
+def _cluster_block(x: np.ndarray, path: Location, eval_dtype: str = "float64") -> np.ndarray:
+    """Γ (m,) of the rows of one block (m, p) under one cluster's DeepKAHM (Definition 4), with
+    its kernel blocks in ``eval_dtype`` (docs/algorithm.md#evaluation-precision).
 
     Evaluated in sub-blocks of query rows with all layers per sub-block while it is in cache,
     without keeping the layer images, so the temporaries stay O(sub-block · (N_b + p))
-    whatever the Zarr chunk size; bit-identical to ``DeepKAHM.distance``.
+    whatever the Zarr chunk size; bit-identical to ``DeepKAHM._distance_rows`` in the same
+    precision.
     """
     with threadpool_limits(limits=1, user_api="blas"):
-        return cached_cluster(path)._distance_rows(np.ascontiguousarray(x, dtype=np.float64))[0]
+        rows = np.ascontiguousarray(x, dtype=np.float64)
+        return cached_cluster(path)._distance_rows(rows, dtype=eval_dtype)[0]
+
+
+def _dtype_args(eval_dtype: str) -> tuple[str, ...]:
+    """The trailing task argument that carries ``eval_dtype``: none for the default float64, so
+    that its graph (task keys and calls) stays the one of before the float32 option."""
+    return () if eval_dtype == "float64" else (eval_dtype,)
 
 
 def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
@@ -53,14 +63,17 @@ def _cluster_centres(paths: list[Location]) -> np.ndarray:
     return np.stack([cluster_centre(path) for path in paths])
 
 
-def _routed_class_block(x: np.ndarray, centres: np.ndarray, paths: list[Location], n_probe: int) -> np.ndarray:
+def _routed_class_block(
+    x: np.ndarray, centres: np.ndarray, paths: list[Location], n_probe: int, eval_dtype: str = "float64"
+) -> np.ndarray:
     """``min`` over the ``n_probe`` clusters of nearest centre (of one class's clusters at
     ``paths``, centres (S, p)) of Γ (m,) for the rows of ``x`` (m, p): each cluster is evaluated on
-    the rows that probe it (:func:`_cluster_block`; the rule of
+    the rows that probe it (:func:`_cluster_block` in ``eval_dtype``; the rule of
     :func:`~kahm_dask.routing.routed_minimum`, as in the estimator), and a cluster no row probes
     is not loaded. One task per (class, row chunk), so the graph does not grow with the clusters."""
     with threadpool_limits(limits=1, user_api="blas"):
-        return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s]))[0]
+        args = _dtype_args(eval_dtype)
+        return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s], *args))[0]
 
 
 def class_distance_array(
@@ -68,6 +81,7 @@ def class_distance_array(
     X: da.Array,
     *,
     n_probe: int | None = None,
+    eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
 ) -> da.Array:
     """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p).
@@ -76,8 +90,11 @@ def class_distance_array(
     URL and the options, and open the cluster models themselves). ``n_probe`` routes
     (docs/algorithm.md#routing): per class, each row is evaluated on the ``n_probe`` clusters
     whose centres are nearest to it and the minimum is over those; None or ``n_probe ≥`` a
-    class's clusters evaluates all of them (the same graph as before).
+    class's clusters evaluates all of them (the same graph as before). ``eval_dtype``: the
+    precision of the kernel blocks in the tasks, "float64" or "float32"
+    (docs/algorithm.md#evaluation-precision); the distances are float64 either way.
     """
+    check_eval_dtype(eval_dtype, "class_distance_array")
     model_path = as_location(model_path, storage_options)
     manifest = read_manifest(model_path)
     if X.ndim != 2 or X.shape[1] != manifest["n_features"]:
@@ -92,13 +109,13 @@ def class_distance_array(
     for c, class_paths in sorted(paths.items()):
         if n_probe is not None and n_probe < len(class_paths):
             centres = dask.delayed(_cluster_centres, pure=True)(class_paths)
-            columns.append(X.map_blocks(_routed_class_block, centres, class_paths, n_probe, drop_axis=1,
-                                        dtype=np.float64, meta=np.empty((0,)), token=f"kahm-routed-c{c}"))
+            columns.append(X.map_blocks(_routed_class_block, centres, class_paths, n_probe, *_dtype_args(eval_dtype),
+                                        drop_axis=1, dtype=np.float64, meta=np.empty((0,)), token=f"kahm-routed-c{c}"))
             continue
         # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
         # loads every cluster model in the client while the graph is built
-        blocks = [X.map_blocks(_cluster_block, path, drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
-                               token=f"kahm-dist-c{c}-s{s}") for s, path in enumerate(class_paths)]
+        blocks = [X.map_blocks(_cluster_block, path, *_dtype_args(eval_dtype), drop_axis=1, dtype=np.float64,
+                               meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}") for s, path in enumerate(class_paths)]
         columns.append(blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0))
     # one chunk across classes, so every Zarr chunk is written by exactly one task
     return da.stack(columns, axis=1).rechunk({1: -1})
@@ -112,12 +129,14 @@ def predict_to_store(
     *,
     progress: bool = False,
     n_probe: int | None = None,
+    eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
 ) -> zarr.Group:
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler; ``n_probe`` routes as in :func:`class_distance_array`. Written under a temporary
+    scheduler; ``n_probe`` routes and ``eval_dtype`` sets the precision as in
+    :func:`class_distance_array`. Written under a temporary
     name and renamed into place when complete
     (:func:`kahm_dask._atomic.atomic_directory`): a failed job leaves the previous predictions
     untouched (on an object store: written in place, marker last,
@@ -126,7 +145,7 @@ def predict_to_store(
     ``classes`` (the labels the codes index).
     """
     model_path = as_location(model_path, storage_options)
-    D = class_distance_array(model_path, X, n_probe=n_probe)
+    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype)
     codes = D.argmin(axis=1).astype(np.int64)
     out = as_location(out_path, storage_options)
     with committed_directory(out) as tmp:

@@ -226,17 +226,19 @@ def membership_metrics(d_train: np.ndarray, d_test: np.ndarray, seed: int) -> di
 def evaluate(
     model_path: Path, pred_path: Path, train: DatasetStore, test: DatasetStore, *,
     membership: bool = True, max_train_rows: int | None = None, seed: int = 0, n_probe: int | None = None,
+    eval_dtype: str = "float64",
 ) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
     """Accuracy from stored predictions; membership score and attack on the original
-    training rows (or their seeded subset) vs the test rows. Computed on private rows: the
-    result belongs to the owner's folder."""
+    training rows (or their seeded subset) vs the test rows, their distances computed as the
+    predictions were (``n_probe``, ``eval_dtype``). Computed on private rows: the result
+    belongs to the owner's folder."""
     group = zarr.open_group(str(pred_path), mode="r")
     metrics = {"accuracy": accuracy(group, PREDICTIONS, test)}
     if not membership:
         return metrics, None, None
     d_test = np.min(group[DISTANCES][...], axis=1)
     X = member_rows(train, max_train_rows, seed)
-    d_train = class_distance_array(model_path, X, n_probe=n_probe).min(axis=1).compute()  # as predicted
+    d_train = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype).min(axis=1).compute()
     metrics.update(membership_metrics(d_train, d_test, seed))
     return metrics, d_train, d_test
 
@@ -320,10 +322,11 @@ def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: bool =
                                       bounds_source=bounds_source, budget=cfg.privacy.budget)
     with clock.stage("predict"):
         predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress,
-                         n_probe=cfg.model.n_probe)
+                         n_probe=cfg.model.n_probe, eval_dtype=cfg.model.eval_dtype)
     quality, d_train, d_test = evaluate(
         paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
         max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
+        eval_dtype=cfg.model.eval_dtype,
     )
     metrics = report_metrics(
         cfg, client, quality, clock.seconds, train, test, [summary], seed=summary["seed"],
