@@ -87,6 +87,15 @@ def run_memory(X, y, Xt, yt, args, *, threads: int | None, **kw) -> dict:
             routed_s, R = timed(lambda: clf.class_distances(Xt))
             out.update(predict_routed_s=routed_s, accuracy_routed=float(np.mean(clf.classes_[R.argmin(1)] == yt)),
                        routed_agreement=float(np.mean(R.argmin(1) == D.argmin(1))))
+        if "eval_dtype" in clf.get_params():  # the same fitted model, evaluated in float32
+            clf.set_params(n_probe=None, eval_dtype="float32")
+            f32_s, D32 = timed(lambda: clf.class_distances(Xt))
+            clf.set_params(n_probe=args.n_probe)
+            f32_routed_s, R32 = timed(lambda: clf.class_distances(Xt))
+            out.update(predict_f32_s=f32_s, predict_routed_f32_s=f32_routed_s,
+                       accuracy_f32=float(np.mean(clf.classes_[D32.argmin(1)] == yt)),
+                       f32_agreement=float(np.mean(D32.argmin(1) == D.argmin(1))),
+                       f32_max_rel_error=float(np.max(np.abs(D32 - D) / D)))
     return out
 
 
@@ -208,6 +217,20 @@ def _table(results: dict, args) -> str:
          "accuracy routed (same prediction)", "peak RSS MiB", "load avg before"], rows)
 
 
+def _float32_table(results: dict) -> str:
+    """Each in-memory row's prediction in float32 against float64, same fitted model, same process."""
+    rows = []
+    for name, r in results.items():
+        if "predict_f32_s" in r:
+            rows.append([LABELS[name], f"{r['predict_s']:.1f}", f"{r['predict_f32_s']:.1f}",
+                         f"{r['predict_f32_s'] / r['predict_s']:.2f}", f"{r['predict_routed_s']:.1f}",
+                         f"{r['predict_routed_f32_s']:.1f}", f"{r['accuracy']:.4f}", f"{r['accuracy_f32']:.4f}",
+                         f"{100 * r['f32_agreement']:.2f} %", f"{r['f32_max_rel_error']:.1e}"])
+    return markdown_table(["implementation", "predict s float64", "predict s float32", "ratio",
+                           "routed s float64", "routed s float32", "accuracy float64", "accuracy float32",
+                           "same prediction", "max rel. distance difference"], rows)
+
+
 def _ratios(results: dict) -> str:
     """New rows against the baseline rows of the same run."""
     pairs = [("new", "base"), ("new", "base_1t"), ("new_dask2", "base_dask2"), ("new_dp", "new")]
@@ -272,7 +295,8 @@ def main(argv=None) -> None:
         notes += f"* {line}\n"
     path = write_report(
         args.name, f"Performance on MNIST (L = {args.layers}): new code against the baseline, same sitting", facts,
-        [("Results", _table(results, args)), ("Ratios (same run)", _ratios(results)), ("Notes", notes),
+        [("Results", _table(results, args)), ("Ratios (same run)", _ratios(results)),
+         ("float32 evaluation (eval_dtype, same fitted model)", _float32_table(results)), ("Notes", notes),
          ("Raw results (JSON)", "```json\n" + json.dumps(results, indent=1) + "\n```")],
     )
     print(path.read_text())
