@@ -88,6 +88,60 @@ def _param_type(name: str) -> click.ParamType:
     )
 
 
+class _StoreArgument(click.ParamType):
+    """A store: a local path (→ :class:`~pathlib.Path`, checked to exist if ``exists``) or a URL
+    fsspec reaches (→ the URL string, read with ``--storage-options``; existence is checked when
+    the store is opened)."""
+
+    name = "path|url"
+
+    def __init__(self, exists: bool = False) -> None:
+        self.exists = exists
+
+    def convert(self, value, param, ctx):
+        from kahm_dask.pipeline.location import as_location
+
+        try:
+            where = as_location(value)
+        except (ValueError, ImportError) as exc:
+            self.fail(str(exc), param, ctx)
+        if not where.is_local:
+            return where.url
+        if self.exists and not where.path.exists():
+            self.fail(f"{value!r} does not exist.", param, ctx)
+        return where.path
+
+
+def _parse_storage_options(ctx: click.Context, param: click.Parameter, value: str | None) -> dict | None:
+    if value is None:
+        return None
+    try:
+        options = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc.msg}); give an object such as "
+                                 '\'{"client_kwargs": {"endpoint_url": "https://..."}}\'') from None
+    if not isinstance(options, dict):
+        raise click.BadParameter(f"must be a JSON object, got {type(options).__name__}.")
+    return options
+
+
+_storage_options = click.option(
+    "--storage-options", callback=_parse_storage_options, metavar="JSON",
+    help="fsspec options of the URL arguments (s3://, gs://, …), a JSON object, e.g. "
+         '\'{"client_kwargs": {"endpoint_url": "https://s3.example.org"}}\'. Leave credentials to the '
+         "environment (AWS_* variables, ~/.aws): a command line is visible to other users.",
+)
+
+
+def _work_beside(model):
+    """The default work store of ``model`` (a path or URL): its name with the suffix ``.work``."""
+    from kahm_dask.pipeline.location import as_location
+
+    where = as_location(model)
+    stem = where.name.rsplit(".", 1)[0] if "." in where.name else where.name
+    return where.with_name(stem + ".work").public()
+
+
 def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit):
     from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.security import ClusterTLSConfig
@@ -176,12 +230,13 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @click.argument("source")
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store", type=_StoreArgument())
 @click.option("--chunk-rows", type=int, help="Rows per Zarr chunk (default: about 32 MiB).")
 @click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing store (atomically).")
-def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) -> None:
-    """Write SOURCE into a Zarr dataset STORE.
+@_storage_options
+def ingest(source: str, store, chunk_rows, dtype: str, overwrite: bool, storage_options) -> None:
+    """Write SOURCE into a Zarr dataset STORE (a path or a URL such as s3://bucket/data.zarr).
 
     SOURCE: sklearn:<digits|breast_cancer|iris|wine>, a .npz (arrays X, y), a .csv (label in
     the last column), "x.npy,y.npy" or "images.idx3-ubyte.gz,labels.idx1-ubyte.gz".
@@ -190,16 +245,17 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 
     src = tuple(s.strip() for s in source.split(",")) if "," in source else source
     try:
-        ds = ingest_store(src, store, chunk_rows=chunk_rows, dtype=dtype, overwrite=overwrite)
+        ds = ingest_store(src, store, chunk_rows=chunk_rows, dtype=dtype, overwrite=overwrite,
+                          storage_options=storage_options)
     except _user_errors() as exc:
         _fail(exc)
     click.echo(f"{store}: {ds.n_samples} rows × {ds.n_features} features, classes {list(ds.classes)}")
 
 
 @main.command()
-@click.argument("store", type=click.Path(exists=True, path_type=Path))
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("--work", type=click.Path(path_type=Path),
+@click.argument("store", type=_StoreArgument(exists=True))
+@click.argument("model", type=_StoreArgument())
+@click.option("--work", type=_StoreArgument(),
               help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
 @click.option("--n-components", type=_param_type("n_components"), default=20, show_default=True)
 @click.option("--n-layers", type=_param_type("n_layers"), default=1, show_default=True)
@@ -225,10 +281,13 @@ def ingest(source: str, store: Path, chunk_rows, dtype: str, overwrite: bool) ->
 @click.option("--seed", type=_param_type("random_state"), default=None,
               help="Seed of the k-means steps (not secret: the noise never depends on it). "
                    "Default: drawn once and kept in the work directory.")
+@_storage_options
 @_cluster_options
 def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data,
-          r_source, r_value, cluster_on, budget, seed, scheduler, cluster_config, n_workers, memory_limit) -> None:
+          r_source, r_value, cluster_on, budget, seed, storage_options, scheduler, cluster_config, n_workers,
+          memory_limit) -> None:
     """Train a model store MODEL from the dataset STORE: DP release, partition, one task per cluster.
+    STORE, MODEL and --work may be paths or URLs (s3://…, with --storage-options).
 
     A DP run records its release in STORE's privacy ledger (STORE.privacy-ledger.json) and writes
     the privacy statement to MODEL.PRIVACY.md (also in MODEL's manifest).
@@ -236,6 +295,7 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
+    from kahm_dask.pipeline.location import as_location
     from kahm_dask.pipeline.store import open_dataset
 
     try:
@@ -245,7 +305,7 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
         ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
         privacy = PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
                                 r_value=r_value, cluster_on=cluster_on, budget=None if budget is None else list(budget))
-        ds = open_dataset(store)
+        ds = open_dataset(store, storage_options=storage_options)
         check_class_sizes(ds.class_counts)
         if bounds is not None:
             from kahm_dask.privacy.bounds import public_bounds
@@ -261,43 +321,49 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
         )
         estimator.train_settings(budget=budget)  # every check, before a cluster starts
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            summary = estimator.fit_store(ds, model, work or model.with_suffix(".work"), client=client,
-                                          budget=budget)
+            summary = estimator.fit_store(ds, as_location(model, storage_options),
+                                          as_location(work or _work_beside(model), storage_options),
+                                          client=client, budget=budget)
     except _user_errors() as exc:
         _fail(exc, resumable=True)
     statement = summary.pop("privacy_statement_markdown", None)
     if statement is not None:
         from kahm_dask.report import ledger_markdown
 
-        path = model.with_name(model.name + ".PRIVACY.md")
+        where = as_location(model, storage_options)
+        path = where.with_name(where.name + ".PRIVACY.md")
         path.write_text(statement + "\n" + ledger_markdown(summary["privacy"]["ledger"]))
         click.echo(f"privacy statement: {path}", err=True)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "clusters"}, indent=2))
 
 
 @main.command()
-@click.argument("model", type=click.Path(exists=True, path_type=Path))
-@click.argument("store", type=click.Path(exists=True, path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("model", type=_StoreArgument(exists=True))
+@click.argument("store", type=_StoreArgument(exists=True))
+@click.argument("out", type=_StoreArgument())
 @click.option("--n-probe", type=_param_type("n_probe"), default=None,
               help="Clusters per class each row meets (nearest centres); default: all.")
 @click.option("--eval-dtype", type=_param_type("eval_dtype"), default="float64", show_default=True,
               help="Precision of the kernel blocks; float32 is faster, distances within ~1e-5 relative.")
+@_storage_options
 @_cluster_options
-def predict(model, store, out, n_probe, eval_dtype, scheduler, cluster_config, n_workers, memory_limit) -> None:
-    """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr)."""
+def predict(model, store, out, n_probe, eval_dtype, storage_options, scheduler, cluster_config, n_workers,
+            memory_limit) -> None:
+    """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr).
+    Each may be a path or a URL (s3://…, with --storage-options)."""
     from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import predict_to_store
     from kahm_dask.pipeline.store import open_dataset
 
     try:
-        ds = open_dataset(store)
-        n_features = read_manifest(model)["n_features"]  # check both before a cluster starts
+        ds = open_dataset(store, storage_options=storage_options)
+        n_features = read_manifest(model, storage_options=storage_options)["n_features"]  # both before a cluster
         if ds.n_features != n_features:
             raise ValueError(f"{store} has {ds.n_features} features; the model {model} expects "
                              f"{n_features}. Predict rows with the features it was trained on.")
         with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            predict_to_store(model, ds.X(), out, client, progress=True, n_probe=n_probe, eval_dtype=eval_dtype)
+            predict_to_store(model, ds.X(), out, client, progress=True, n_probe=n_probe, eval_dtype=eval_dtype,
+                             storage_options=storage_options)
     except _user_errors() as exc:
         _fail(exc)
     click.echo(f"predictions for {ds.n_samples} rows written to {out}")

@@ -33,7 +33,7 @@ from kahm_dask.privacy.fabrication import _check_fabrication_options
 ALIASES = {"seed": "random_state", "max_iter": "kmeans_max_iter"}
 #: Options of ``kahm-dask train`` that are not model or privacy parameters.
 CLI_OTHER = {"store", "model", "work", "budget", "scheduler", "cluster_config", "n_workers", "memory_limit",
-             "tls_ca_file", "tls_cert", "tls_key"}
+             "tls_ca_file", "tls_cert", "tls_key", "storage_options"}
 #: Core functions that check parameters themselves, by the parameters they take.
 FUNCTIONS = {
     "n_branches": (lambda p: n_branches(100, p.get("block_size", 1000), p.get("s_rule", "round")),

@@ -169,6 +169,33 @@ def test_no_credentials_in_the_stores(s3, remote_fit):
     assert written and not any(secret in text for secret in secrets for text in written)
 
 
+def test_cli_ingest_train_predict_on_s3(s3, iris, tmp_path, monkeypatch):
+    """kahm-dask ingest / train / predict with URL arguments and --storage-options (threads)."""
+    import contextlib
+    import json
+
+    from click.testing import CliRunner
+
+    from kahm_dask.cli import main
+
+    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    options = ["--storage-options", json.dumps(s3)]
+    store, model = _url("iris.zarr"), _url("iris-model.zarr")
+    run = CliRunner().invoke
+    for args in (["ingest", "sklearn:iris", store], ["train", store, model, "--n-components", "3", "--seed", "1"],
+                 ["predict", model, store, str(tmp_path / "pred.zarr")]):
+        result = run(main, [*args, *options])
+        assert result.exit_code == 0, result.output
+    assert read_manifest(model, storage_options=s3)["n_features"] == 4
+    fs = fsspec.filesystem("s3", **s3)
+    assert fs.exists(model.removeprefix("s3://").replace("iris-model.zarr", "iris-model.work"))
+    assert (tmp_path / "pred.zarr").is_dir()
+    result = run(main, ["predict", model, store, str(tmp_path / "p2.zarr"), "--storage-options", "[1]"])
+    assert result.exit_code == 2 and "must be a JSON object" in result.output
+    result = run(main, ["predict", model, "nosuch://x.zarr", str(tmp_path / "p3.zarr")])
+    assert result.exit_code == 2 and "unknown storage protocol" in result.output
+
+
 def test_the_repr_masks_the_credentials(s3):
     clf = DaskKAHMClassifier(n_components=3, store_dir="s3://bucket/x", storage_options=s3)
     text = repr(clf)
