@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +36,40 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=10)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server the test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_session(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``args`` in a process of its own session (so that its children stop with it), output to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+
+
+def stop_sessions(procs: list[subprocess.Popen], timeout: float = 20) -> None:
+    """Terminate the sessions of processes started by :func:`start_session`, then kill what is left
+    of each (its own session only)."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 @contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from kahm_dask.pipeline.cluster import (
     local_cluster,
 )
 from kahm_dask.pipeline.config import ClusterConfig, ConfigError
+from tests._cluster import start_session, stop_sessions
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "cluster_configs"
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -136,23 +136,6 @@ def test_connect_builds_from_a_cluster_config_file(tmp_path):
 # --------------------------------------------------------------------------- remote
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Terminate a process we started (gracefully, then its whole process group)."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of its own session only
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _wait_for_scheduler_file(path: Path, proc: subprocess.Popen, log: Path) -> str:
@@ -178,13 +161,13 @@ def scheduler_address(tmp_path_factory) -> str:
     procs = []
     try:
         log = tmp / "scheduler.log"
-        procs.append(_start(
+        procs.append(start_session(
             [*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0",
              "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)],
             log,
         ))
         address = _wait_for_scheduler_file(scheduler_file, procs[0], log)
-        procs.append(_start(
+        procs.append(start_session(
             [*dask_cli, "worker", "--scheduler-file", str(scheduler_file),
              "--nthreads", "1", "--nworkers", "1", "--no-dashboard"],
             tmp / "worker.log",
@@ -193,8 +176,7 @@ def scheduler_address(tmp_path_factory) -> str:
             client.wait_for_workers(1, timeout=60)
         yield address
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        stop_sessions(procs[::-1], timeout=15)
 
 
 def test_remote_scheduler_by_address(scheduler_address):

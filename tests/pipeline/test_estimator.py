@@ -16,7 +16,6 @@ import sys
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.estimator_checks import (
     check_do_not_raise_errors_in_init_or_set_params,
@@ -33,24 +32,11 @@ from sklearn.utils.estimator_checks import (
 
 import kahm_dask.pipeline.predict as predict_mod
 from kahm_dask import DaskKAHMClassifier, KAHMClassifier
-from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.params import RuleError
 from kahm_dask.pipeline.store import write_dataset
 
 SEED = 0
 NOISE_SEED = 123
-
-
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"), bounds=(0, 16))
 
 
 def _dask(X: np.ndarray) -> da.Array:

@@ -12,7 +12,6 @@ s3fs; no credential in the manifest. All on one in-process LocalCluster (2 worke
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,6 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 from fsspec.registry import _registry as fsspec_registry
 
 from kahm_dask import DaskKAHMClassifier
@@ -30,17 +28,12 @@ from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.location import COMPLETE_FILE, as_location
 from kahm_dask.pipeline.modelstore import MANIFEST_KEY, cluster_done, read_manifest
 from kahm_dask.pipeline.store import open_dataset, write_dataset
+from tests._cluster import free_port
 
 BUCKET = "kahm-test"
 SEED = 0
 #: A small DP fit (iris: 3 classes, so few cluster models travel to and from the server).
 DP = dict(n_components=4, epsilon=2.0, bounds=(0, 1), random_state=SEED, insecure_noise_seed=123, chunk_rows=50)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_until_up(proc: subprocess.Popen, endpoint: str, timeout: float = 30.0) -> str | None:
@@ -62,7 +55,7 @@ def s3():
     """storage_options of a bucket on a moto S3 server on loopback (skipped if it cannot start)."""
     pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'kahm-dask[s3]')")
     pytest.importorskip("moto.server", reason="moto's server mode is not installed (pip install 'moto[server]')")
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     try:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -85,18 +78,6 @@ def s3():
 def _url(name: str) -> str:
     """A fresh URL in the test bucket."""
     return f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/{name}"
-
-
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"), bounds=(0, 16))
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,6 @@ TLS, TLS with tcp://).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +43,7 @@ from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.security import ClusterTLSConfig, TLSConfig, as_security, to_security
 from kahm_dask.pipeline.store import write_dataset
+from tests._cluster import free_port, start_session, stop_sessions
 from tests._tls import Authority, make_authority
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,38 +85,6 @@ def reference(digits) -> KAHMClassifier:
 # --------------------------------------------------------------------------- processes
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    """A process in its own session (so that its children are stopped with it)."""
-    with open(log, "wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **BLAS_ENV})
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate the process groups of the processes started here, then kill what is left."""
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for proc in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of its own session only
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 def _logs(tmp: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(tmp.glob("*.log")))
 
@@ -143,18 +109,20 @@ def _process_cluster(tmp: Path, tls_args: list[str], security: Security | None) 
     """``dask scheduler`` on a free port of 127.0.0.1 and ``dask worker`` with 2 single-threaded
     worker processes, with ``tls_args`` (mutual TLS) or without (plain TCP); its address."""
     protocol = "tls" if tls_args else "tcp"
-    port = _free_port()
+    port = free_port()
     address = f"{protocol}://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(_start([*DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--protocol", protocol,
-                             "--no-dashboard", *tls_args], tmp / "scheduler.log"))
-        procs.append(_start([*DASK, "worker", address, "--nthreads", "1", "--nworkers", "2", "--memory-limit", "1GiB",
-                             "--no-dashboard", *tls_args], tmp / "worker.log"))
+        procs.append(start_session([*DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                    "--protocol", protocol, "--no-dashboard", *tls_args],
+                                   tmp / "scheduler.log", BLAS_ENV))
+        procs.append(start_session([*DASK, "worker", address, "--nthreads", "1", "--nworkers", "2",
+                                    "--memory-limit", "1GiB", "--no-dashboard", *tls_args],
+                                   tmp / "worker.log", BLAS_ENV))
         _wait_for_workers(address, security, procs, tmp)
         yield address
     finally:
-        _stop(procs[::-1])
+        stop_sessions(procs[::-1])
 
 
 @pytest.fixture(scope="module")
