@@ -412,7 +412,7 @@ persist_fraction
         settings = self.train_settings(bounds_source=bounds_source, budget=budget)
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress)
         manifest = read_manifest(model_path)
-        manifest[ESTIMATOR_PARAMS_KEY] = self._stored_params()
+        manifest[ESTIMATOR_PARAMS_KEY] = self._stored_params(seed=summary["seed"])
         write_manifest(model_path, manifest)
         self._set_fitted(model_path, manifest)
         return summary
@@ -483,9 +483,14 @@ persist_fraction
         if hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
 
-    def _stored_params(self) -> dict:
-        """The public parameters, as JSON, for the model store's manifest."""
-        return {k: _jsonable(v) for k, v in self.get_params(deep=False).items() if k not in _NOT_STORED}
+    def _stored_params(self, seed: int | None = None) -> dict:
+        """The public parameters, as JSON, for the model store's manifest; ``random_state`` is the
+        k-means ``seed`` the fit used when given (a seed drawn by the fit, or kept by a resumed run,
+        is recorded, so the same store gives the same parameters however it was reached)."""
+        params = {k: _jsonable(v) for k, v in self.get_params(deep=False).items() if k not in _NOT_STORED}
+        if seed is not None:
+            params["random_state"] = int(seed)
+        return params
 
     def _set_fitted(self, model_path: LocationLike, manifest: dict) -> None:
         """The fitted attributes of the model store at ``model_path`` (its ``manifest``)."""
