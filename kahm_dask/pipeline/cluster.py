@@ -476,19 +476,19 @@ def connect(
         raise ValueError("worker_resources apply to a local cluster started from "
                          "n_workers; this cluster config names a scheduler or a config file.")
     spec = _spec_for(cluster_cfg)
+    if isinstance(spec, RemoteSpec):
+        security = None if spec.tls is None else to_security(spec.tls)
+        with connect_address(spec.address, security=security, timeout=timeout) as client:
+            yield client
+        return
     in_process = isinstance(spec, LocalSpec) and not spec.processes
     with ExitStack() as stack:
-        if isinstance(spec, RemoteSpec):
-            security = None if spec.tls is None else to_security(spec.tls)
-            client = stack.enter_context(_client_for_address(spec.address, timeout, security))
-        else:
-            if in_process:
-                stack.enter_context(_blas_limited_here())
-            cluster = stack.enter_context(
-                local_cluster(spec, worker_resources) if isinstance(spec, LocalSpec)
-                else build_cluster(spec)
-            )
-            client = stack.enter_context(Client(cluster))
+        if in_process:
+            stack.enter_context(_blas_limited_here())
+        cluster = stack.enter_context(
+            local_cluster(spec, worker_resources) if isinstance(spec, LocalSpec) else build_cluster(spec)
+        )
+        client = stack.enter_context(Client(cluster))
         if not in_process:
             client.register_plugin(SingleThreadedBLAS())
         logger.info("Dask dashboard: %s", client.dashboard_link)

@@ -610,10 +610,7 @@ persist_fraction
             return target.public()
         _check_target(target)
         with committed_directory(target) as tmp:
-            if source.is_local and tmp.is_local:
-                shutil.copytree(source.path, tmp.path, ignore=shutil.ignore_patterns(".*.tmp-*", ".*.old-*"))
-            else:
-                copy_tree(source, tmp)
+            copy_tree(source, tmp)
         return target.public()
 
     @classmethod

@@ -283,7 +283,16 @@ def is_committed(target: Location) -> bool:
 def copy_tree(source: Location, target: Location, *, last: tuple[str, ...] = ("zarr.json",)) -> None:
     """Copy every file under ``source`` to ``target`` (across filesystems): completion markers
     after the other files, the files named in ``last`` (relative paths) after all of them. The
-    source's own top-level marker is not copied (the caller commits ``target``)."""
+    source's own top-level marker and temporary or moved-aside siblings are not copied (the
+    caller commits ``target``). Local to local is one ``shutil.copytree`` (the order does not
+    matter there: the caller renames the finished copy into place)."""
+    if source.is_local and target.is_local:
+        def skipped(directory: str, names: list[str]) -> set[str]:
+            top = {COMPLETE_FILE} if Path(directory) == source.path else set()
+            return _SIBLINGS(directory, names) | (top & set(names))
+
+        shutil.copytree(source.path, target.path, ignore=skipped, dirs_exist_ok=True)
+        return
     files = [rel for rel in source.files() if rel != COMPLETE_FILE]
     for rel in sorted(files, key=lambda rel: (rel in last, rel.rsplit("/", 1)[-1] == COMPLETE_FILE)):
         (target / rel).write_bytes((source / rel).read_bytes())

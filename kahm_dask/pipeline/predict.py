@@ -45,12 +45,6 @@ def _cluster_block(x: np.ndarray, path: Location, eval_dtype: str = "float64") -
         return cached_cluster(path)._distance_rows(rows, dtype=eval_dtype)[0]
 
 
-def _dtype_args(eval_dtype: str) -> tuple[str, ...]:
-    """The trailing task argument that carries ``eval_dtype``: none for the default float64, so
-    that its graph (task keys and calls) stays the one of before the float32 option."""
-    return () if eval_dtype == "float64" else (eval_dtype,)
-
-
 def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
     """The block as float64, or ValueError naming the first NaN/inf (global row, column)."""
     offset = block_info[0]["array-location"][0][0] if block_info else 0
@@ -72,8 +66,7 @@ def _routed_class_block(
     :func:`~kahm_dask.routing.routed_minimum`, as in the estimator), and a cluster no row probes
     is not loaded. One task per (class, row chunk), so the graph does not grow with the clusters."""
     with threadpool_limits(limits=1, user_api="blas"):
-        args = _dtype_args(eval_dtype)
-        return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s], *args))[0]
+        return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s], eval_dtype))[0]
 
 
 def class_distance_array(
@@ -109,12 +102,12 @@ def class_distance_array(
     for c, class_paths in sorted(paths.items()):
         if n_probe is not None and n_probe < len(class_paths):
             centres = dask.delayed(_cluster_centres, pure=True)(class_paths)
-            columns.append(X.map_blocks(_routed_class_block, centres, class_paths, n_probe, *_dtype_args(eval_dtype),
+            columns.append(X.map_blocks(_routed_class_block, centres, class_paths, n_probe, eval_dtype,
                                         drop_axis=1, dtype=np.float64, meta=np.empty((0,)), token=f"kahm-routed-c{c}"))
             continue
         # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
         # loads every cluster model in the client while the graph is built
-        blocks = [X.map_blocks(_cluster_block, path, *_dtype_args(eval_dtype), drop_axis=1, dtype=np.float64,
+        blocks = [X.map_blocks(_cluster_block, path, eval_dtype, drop_axis=1, dtype=np.float64,
                                meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}") for s, path in enumerate(class_paths)]
         columns.append(blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0))
     # one chunk across classes, so every Zarr chunk is written by exactly one task

@@ -62,14 +62,14 @@ def _where() -> str:
         return "client"
 
 
-def _recording_cluster_block(x: np.ndarray, path) -> np.ndarray:
+def _recording_cluster_block(x: np.ndarray, path, *args) -> np.ndarray:
     """``_cluster_block`` that records which site's model (``path``: its model store's location)
     is asked about which rows, where."""
     site = int(re.search(r"sites/site(\d+)/", str(path)).group(1))
     rows = {row.tobytes() for row in np.asarray(x, dtype=np.float64)}
     with _SEEN_LOCK:
         _SEEN.append((site, _where(), rows))
-    return _ORIGINAL_CLUSTER_BLOCK(x, path)
+    return _ORIGINAL_CLUSTER_BLOCK(x, path, *args)
 
 
 def _recording_store_block(block: np.ndarray, x, start: int):

@@ -459,10 +459,10 @@ def test_failed_prediction_keeps_the_previous_predictions(tmp_path, small, monke
         before = predict_to_store(tmp_path / "m.zarr", Xd, tmp_path / "p.zarr", client)[PREDICTIONS][:]
         real = predict_mod._cluster_block
 
-        def fails_on_the_last_block(x, path):
+        def fails_on_the_last_block(x, path, *args):
             if x.shape[0] and np.array_equal(x[-1], X[-1]):
                 raise MemoryError("worker ran out of memory")
-            return real(x, path)
+            return real(x, path, *args)
 
         monkeypatch.setattr(predict_mod, "_cluster_block", fails_on_the_last_block)
         with pytest.raises(MemoryError):
