@@ -2,16 +2,42 @@
 
 Oracles: docs/algorithm.md#oracle-lsdd-gaussians, docs/algorithm.md#oracle-lsdd-exact,
 docs/algorithm.md#oracle-mis-members.
+
+The cross-validation in the eigenbasis of H (and the shared mis / mis_norm pass) is checked
+against the solve-based implementation it replaced, benchmarks/_membership_reference.py (the
+one reference, also the benchmark's baseline): the same selected (sigma, lambda) on every case,
+and l2 / mis / mis_norm within ``l2_agreement_bound`` there, a first-order perturbation bound
+(backward error of the Cholesky solve ~ 3 b_c^2 eps ||H + lam I||, summation error ~ n eps of
+the kernel means, and for mis_norm the rounding-level difference of the kernel arguments)
+propagated through ``l2 = h^T M^-1 h + lam ||M^-1 h||^2``; no tolerance is a number chosen to
+pass. The closed form itself is checked against direct solves on random PSD matrices.
 """
 
 import numpy as np
 import pytest
-from scipy.spatial.distance import pdist
+import scipy.linalg
+from scipy.spatial.distance import cdist, pdist
 
+from benchmarks._membership_reference import _sigma_scale as _reference_sigma_scale
+from benchmarks._membership_reference import (
+    kernel_perturbation_bound,
+    l2_agreement_bound,
+    reference_attack_from_distances,
+    reference_lsdd,
+    reference_mis,
+    sigma_perturbation_bound,
+)
 from kahm_dask._random import as_generator, child_seed_sequence
+from kahm_dask.privacy import membership
 from kahm_dask.privacy.membership import (
     LAMBDA_GRID,
     SIGMA_FACTORS,
+    _kernel_fold_sums,
+    _lsdd_runs,
+    _median,
+    _median_pairwise_distance_1d,
+    _psd_eigh,
+    _ridge_quadratics,
     lsdd,
     membership_attack,
     membership_attack_from_distances,
@@ -386,3 +412,283 @@ def test_classifier_contract_checks(data):
         membership_attack(Wrong(centres), X_train, X_test)
     with pytest.raises(ValueError, match="max_train_rows"):
         membership_attack(FakeClassifier(centres), X_train, X_test, max_train_rows=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The eigenbasis cross-validation agrees with the solve-based reference
+# (benchmarks/_membership_reference.py; tolerance: l2_agreement_bound there)
+# ---------------------------------------------------------------------------------------------
+
+EPS = np.finfo(np.float64).eps
+
+
+def _skewed(rng, n, scale=1.0):
+    """Positive, right-skewed values shaped like min-over-class distances."""
+    return scale * rng.gamma(2.0, 1.0, n) * rng.lognormal(0.0, 0.4, n)
+
+
+def _same_grid_point(new: float, ref: float, grid_ratio: float) -> bool:
+    """The two sigmas are the same point of a grid whose neighbours differ by >= grid_ratio."""
+    return abs(np.log(new / ref)) < 0.5 * np.log(grid_ratio)
+
+
+# Smallest ratio of neighbouring SIGMA_FACTORS (2.2 / 2.0): two sigmas closer than half of it
+# in log scale are the same grid point.
+_SIGMA_GRID_RATIO = min(b / a for a, b in zip(SIGMA_FACTORS, SIGMA_FACTORS[1:], strict=False))
+
+
+def _assert_agrees(new, ref, a, b, *, seed, n_centers=300, rho=8 * EPS):
+    """Same lambda and number of centres as the reference (the caller checks sigma), l2 within
+    l2_agreement_bound of it."""
+    assert (new.lambda_, new.n_centers) == (ref.lambda_, ref.n_centers)
+    bound = l2_agreement_bound(
+        a, b, ref.sigma, ref.lambda_, random_state=seed, n_centers=n_centers, rho=rho
+    )
+    assert abs(new.l2 - ref.l2) <= bound, (new.l2, ref.l2, bound)
+    assert new.l2_clipped == max(0.0, new.l2)
+
+
+_LSDD_CASES = {
+    # name: (n1, n2, dim, lsdd kwargs); skewed positive data, "normal-data" normal
+    "tiny": (40, 30, 1, {}),
+    "small": (300, 200, 1, {}),
+    "quickstart-size": (1257, 540, 1, {}),
+    "median-subset": (2500, 1800, 1, {"n_centers": 100}),
+    "exact-median": (900, 1300, 1, {"median_subset": None, "n_centers": 80}),
+    "n1-equals-n_folds": (5, 9, 1, {}),
+    "two-folds-of-one": (2, 7, 1, {"n_folds": 2}),
+    "ten-folds": (10, 23, 1, {"n_folds": 10}),
+    "single-grid-point": (60, 50, 1, {"sigma_list": [0.4], "lambda_list": [0.02]}),
+    "one-sigma": (60, 50, 1, {"sigma_list": [0.4]}),
+    "one-lambda": (60, 50, 1, {"lambda_list": [0.05]}),
+    "user-grid-all-centres": (
+        80,
+        70,
+        1,
+        {"sigma_list": [0.2, 0.5, 1.0, 3.0], "lambda_list": [1e-3, 0.1, 1.0], "n_centers": 1000},
+    ),
+    "tiny-lambda": (120, 90, 1, {"lambda_list": [1e-9, 1e-6, 1e-3]}),
+    "two-dimensional": (200, 150, 2, {"n_centers": 120}),
+    "normal-data": (500, 400, 1, {"n_centers": 150}),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("case", list(_LSDD_CASES))
+def test_lsdd_matches_solve_based_reference(case, seed):
+    n1, n2, dim, kwargs = _LSDD_CASES[case]
+    rng = np.random.default_rng([400, seed])
+    if case == "normal-data":  # negative values too
+        a, b = rng.normal(size=(n1, dim)), rng.normal(0.5, 1.2, size=(n2, dim))
+    else:
+        a, b = _skewed(rng, (n1, dim)), _skewed(rng, (n2, dim), 1.2)
+    if dim == 1:
+        a, b = a[:, 0], b[:, 0]
+    new = lsdd(a, b, random_state=seed, **kwargs)
+    ref = reference_lsdd(a, b, random_state=seed, **kwargs)
+    assert new.sigma == ref.sigma  # same scale (exact median), same grid point
+    _assert_agrees(new, ref, a, b, seed=seed, n_centers=kwargs.get("n_centers", 300))
+
+
+def test_lsdd_constant_samples_match_reference():
+    for a, b in ((np.zeros(10), np.zeros(12)), (np.full(8, 2.5), np.full(9, 2.5))):
+        new, ref = lsdd(a, b), reference_lsdd(a, b)
+        assert new == ref and new.l2 == 0.0
+
+
+def test_lsdd_too_few_values_for_the_folds_raises_like_reference():
+    a, b = np.arange(4.0), np.arange(10.0)
+    with pytest.raises(ValueError) as new_error:
+        lsdd(a, b)
+    with pytest.raises(ValueError) as ref_error:
+        reference_lsdd(a, b)
+    assert str(new_error.value) == str(ref_error.value)
+    assert lsdd(a, b, sigma_list=[1.0], lambda_list=[0.1]).l2 > 0  # no CV: no fold check
+
+
+def _distances(rng, n_train, n_test, n_inf_train, n_inf_test, zero_share=0.0):
+    d_tr, d_te = _skewed(rng, n_train, 0.9), _skewed(rng, n_test)  # members a little closer
+    d_tr[rng.random(n_train) < zero_share] = 0.0
+    d_te[rng.random(n_test) < zero_share] = 0.0
+    d_tr[rng.choice(n_train, n_inf_train, replace=False)] = np.inf
+    d_te[rng.choice(n_test, n_inf_test, replace=False)] = np.inf
+    return d_tr, d_te
+
+
+_MIS_CASES = {
+    # name: (n_train, n_test, +inf in train, +inf in test, share of zeros, lsdd kwargs)
+    "quickstart-size": (1257, 540, 3, 2, 0.0, {}),
+    "few-centres": (400, 300, 0, 5, 0.0, {"n_centers": 60}),
+    "median-subset": (3000, 1000, 10, 0, 0.0, {"n_centers": 150}),
+    "user-grid": (200, 150, 1, 1, 0.0, {"sigma_list": [0.1, 0.3, 1.0], "lambda_list": [0.01, 0.1]}),
+    "median-zero": (300, 200, 2, 2, 0.6, {"n_centers": 80}),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.parametrize("case", list(_MIS_CASES))
+def test_mis_and_mis_norm_match_solve_based_reference(case, seed):
+    """mis (raw run) and mis_norm (median-scaled run), now from one shared pass, against two
+    independent reference LSDD calls; +inf distances left out as the public function does."""
+    n_train, n_test, inf_train, inf_test, zeros, kwargs = _MIS_CASES[case]
+    rng = np.random.default_rng([410, seed])
+    d_tr, d_te = _distances(rng, n_train, n_test, inf_train, inf_test, zeros)
+    mi = membership_inference_from_distances(d_tr, d_te, random_state=seed, **kwargs)
+    ref_raw, ref_norm, median = reference_mis(d_tr, d_te, random_state=seed, **kwargs)
+    assert mi.median_distance == median and mi.n_infinite == inf_train + inf_test
+    lsdd_seed = child_seed_sequence(np.random.SeedSequence(seed), 1)
+    a, b = d_tr[np.isfinite(d_tr)], d_te[np.isfinite(d_te)]
+    raw, norm = _lsdd_runs(a, b, (1.0, median), random_state=lsdd_seed, **kwargs)
+    assert (mi.mis, mi.mis_norm) == (raw.l2, norm.l2)
+    n_centers = kwargs.get("n_centers", 300)
+
+    assert raw.sigma == ref_raw.sigma
+    _assert_agrees(raw, ref_raw, a, b, seed=lsdd_seed, n_centers=n_centers)
+
+    # mis_norm: the new code takes sigma = (raw median scale) / m~ and computes the kernels in
+    # raw units; the reference recomputes the median on the scaled distances. The sigmas are
+    # the same grid point and differ by rounding only (sigma_perturbation_bound); the kernel
+    # entries then by kernel_perturbation_bound, which l2_agreement_bound propagates.
+    a_n, b_n = a / median, b / median
+    R = max(a_n.max(), b_n.max())
+    if "sigma_list" in kwargs:  # the new code's tau = m~ sigma: one rounding
+        rho_sigma_max = EPS
+    else:  # M: the median pairwise distance in units of m~
+        pool = np.concatenate([a, b])[:, None]
+        median_rng = as_generator(child_seed_sequence(lsdd_seed, 0))
+        M = _reference_sigma_scale(pool, kwargs.get("median_subset", 2000), median_rng) / median
+        rho_sigma_max = sigma_perturbation_bound(R, M)
+    assert _same_grid_point(norm.sigma, ref_norm.sigma, _SIGMA_GRID_RATIO)
+    assert abs(norm.sigma / ref_norm.sigma - 1.0) <= rho_sigma_max
+    rho = kernel_perturbation_bound(rho_sigma_max, R, ref_norm.sigma)
+    _assert_agrees(norm, ref_norm, a_n, b_n, seed=lsdd_seed, n_centers=n_centers, rho=rho)
+
+
+# ---------------------------------------------------------------------------------------------
+# The closed form itself, the exact median and the blocked kernel sums
+# ---------------------------------------------------------------------------------------------
+
+
+def _random_psd(rng, n, n_zero):
+    """H = V diag(w) V^T with eigenvalues spread over 14 decades and n_zero exact zeros."""
+    V, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    w = np.concatenate([np.zeros(n_zero), np.logspace(-12, 2.5, n - n_zero)])
+    H = (V * w) @ V.T
+    return (H + H.T) / 2.0, w
+
+
+@pytest.mark.parametrize("seed, n, n_zero, K", [(0, 20, 0, 1), (1, 60, 10, 5), (2, 150, 40, 3)])
+def test_ridge_quadratics_equal_direct_solves(seed, n, n_zero, K):
+    """sum_k theta_k^T H theta_k and sum_k h_te,k^T theta_k from the eigenbasis equal the values
+    from Cholesky solves of (H + lam I) theta_k = h_tr,k for a random PSD H (rank-deficient,
+    so rounding gives negative eigenvalues that _psd_eigh clips).
+
+    Bound (first order; both ways are backward stable with ||E|| <= eta ||M||, M = H + lam I,
+    eta = 3 n^2 eps: Cholesky, Higham ASNA Thm 10.3 with || |R^T| |R| || <= n ||M||; a symmetric
+    eigensolver's backward error is of the same order, and clipping negative eigenvalues moves
+    them by less; the products V^T h and the final sums add <= eta relative to ||h||):
+    theta^T H theta = h^T M^-1 H M^-1 h changes by <= 3 ||E|| ||theta||^2 + 2 ||e|| ||theta||
+    (||M^-1 H|| <= 1) and h_te^T M^-1 h_tr by <= ||E|| ||phi|| ||theta|| + ||e_tr|| ||phi||
+    + ||e_te|| ||theta|| (phi = M^-1 h_te); the two results differ by at most twice that.
+    """
+    rng = np.random.default_rng([420, seed])
+    H, exact_w = _random_psd(rng, n, n_zero)
+    h_tr, h_te = rng.normal(size=(n, K)), rng.normal(size=(n, K))
+    lambdas = np.logspace(-6, 1, 8)
+    w, V = _psd_eigh(H.copy())
+    assert (w >= 0).all()
+    eta = 3 * n**2 * EPS
+    norm_H = np.linalg.norm(H, 2)
+    # Weyl: within the backward error (of eigh, and of forming H) of the eigenvalues H was
+    # built with
+    assert np.all(np.abs(np.sort(w) - exact_w) <= 2 * eta * norm_H)
+    quad, cross = _ridge_quadratics(w, V.T @ h_tr, V.T @ h_te, lambdas)
+    for j, lam in enumerate(lambdas):
+        M = H + lam * np.eye(n)
+        theta = scipy.linalg.solve(M, h_tr, assume_a="pos")
+        phi = scipy.linalg.solve(M, h_te, assume_a="pos")
+        nt, nphi = np.linalg.norm(theta, axis=0), np.linalg.norm(phi, axis=0)
+        ntr, nte = np.linalg.norm(h_tr, axis=0), np.linalg.norm(h_te, axis=0)
+        norm_M = norm_H + lam
+        bound_quad = 2 * eta * np.sum(3 * norm_M * nt**2 + 2 * ntr * nt)
+        bound_cross = 2 * eta * np.sum(norm_M * nphi * nt + ntr * nphi + nte * nt)
+        assert abs(quad[j] - np.sum(theta * (H @ theta))) <= bound_quad
+        assert abs(cross[j] - np.sum(h_te * theta)) <= bound_cross
+
+
+def test_median_is_numpy_median():
+    rng = np.random.default_rng(430)
+    for n in (1, 2, 3, 10, 11, 1000, 1001):
+        values = rng.lognormal(size=n)
+        assert _median(values) == np.median(values)
+
+
+def _median_samples():
+    rng = np.random.default_rng(431)
+    yield "skewed", _skewed(rng, 1797)
+    yield "normal, negative values", rng.normal(size=2000)
+    yield "ties", np.round(rng.exponential(size=1500), 1)
+    yield "many zeros", np.where(rng.random(1200) < 0.6, 0.0, rng.exponential(size=1200))
+    yield "median 0", np.concatenate([np.zeros(900), rng.exponential(size=100)])
+    yield "median half the smallest gap", np.concatenate([np.zeros(708), [0.3], np.ones(292)])
+    yield "three values", rng.integers(0, 3, 999).astype(np.float64) * 1e-3
+    yield "large offset", rng.normal(1e6, 1e-3, 777)
+    yield "half one value", np.concatenate([rng.lognormal(size=500), np.full(500, 0.7)])
+    yield "small n", rng.exponential(size=30)
+    yield "n = 2", np.array([3.0, 1.0])
+    yield "all equal", np.full(100, 4.2)
+
+
+@pytest.mark.parametrize("x", [pytest.param(x, id=name) for name, x in _median_samples()])
+def test_median_pairwise_distance_is_exact(x, monkeypatch):
+    """Exactly np.median(pdist(x)), without forming the distances when n >= 64."""
+    expected = np.median(pdist(x[:, None]))
+    if x.size >= 64 and np.unique(x).size > 1:
+        monkeypatch.setattr(membership, "pdist", _no_pdist)
+    assert _median_pairwise_distance_1d(x) == expected
+
+
+def _no_pdist(*args, **kwargs):
+    raise AssertionError("the band search fell back to forming all distances")
+
+
+def test_kernel_fold_sums_entries_bit_for_bit_and_sums_within_bound():
+    rng = np.random.default_rng(432)
+    x, centres = _skewed(rng, (7, 1)), _skewed(rng, (50, 1))
+    widths = np.array([0.3, 1.1, 4.0])
+    sq = cdist(x, centres, "sqeuclidean")
+    # one row per fold: the sums are the kernel entries themselves, as the old code made them
+    one_per_fold = _kernel_fold_sums(x, np.arange(7), 7, centres, widths)
+    for u, sigma in enumerate(widths):
+        np.testing.assert_array_equal(one_per_fold[u], np.exp(-sq / (2.0 * sigma * sigma)))
+    # many rows, several blocks per fold: sums of n non-negative terms, any order: within
+    # gamma_n relative of each other (Higham, ASNA §4.2), twice for two orders
+    x = _skewed(rng, (5000, 1))
+    folds = rng.permutation(np.arange(5000) % 4)
+    sums = _kernel_fold_sums(x, folds, 4, centres, widths)
+    indicator = (folds[None, :] == np.arange(4)[:, None]).astype(np.float64)
+    sq = cdist(x, centres, "sqeuclidean")
+    for u, sigma in enumerate(widths):
+        direct = indicator @ np.exp(-sq / (2.0 * sigma * sigma))
+        assert np.all(np.abs(sums[u] - direct) <= 2 * 5000 * EPS * direct)
+
+
+def test_attack_equals_rank_based_reference():
+    rng = np.random.default_rng(433)
+    for trial in range(20):
+        d_tr, d_te = np.round(_skewed(rng, 300), 1), np.round(_skewed(rng, 200, 1.1), 1)
+        d_tr[rng.random(300) < 0.05] = np.inf
+        d_te[rng.random(200) < 0.05] = np.inf
+        if trial == 0:
+            d_tr[:] = np.inf
+        if trial == 1:
+            d_tr[:], d_te[:] = np.inf, np.inf
+        att = membership_attack_from_distances(d_tr, d_te)
+        assert (
+            att.auc,
+            att.advantage,
+            att.tpr_at_1pct_fpr,
+            att.tpr_at_0_1pct_fpr,
+        ) == reference_attack_from_distances(d_tr, d_te)
+    huge = membership_attack_from_distances([np.inf, 1.7e308, 1.0], [np.finfo(float).max, 2.0])
+    assert huge == membership_attack_from_distances([np.inf, 3.0, 1.0], [4.0, 2.0])
