@@ -2,7 +2,8 @@
 
 The core (this namespace) is pure NumPy/SciPy/scikit-learn; the Dask pipeline lives in
 :mod:`kahm_dask.pipeline` and is imported only when used (``DaskKAHMClassifier``, its
-scikit-learn estimator, is loaded from there on first access).
+scikit-learn estimator, and ``write_dataset`` / ``open_dataset``, its dataset stores, are
+loaded from there on first access).
 """
 
 from kahm_dask.classifier import KAHMClassifier, class_matching_scores
@@ -18,6 +19,8 @@ __all__ = [
     "WideKAHM",
     "KAHMClassifier",
     "DaskKAHMClassifier",
+    "write_dataset",
+    "open_dataset",
     "class_matching_scores",
     "solve_lambda",
     "LambdaFixedPoint",
@@ -34,10 +37,18 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    """``DaskKAHMClassifier`` on first access, so that importing the core does not import Dask."""
-    if name == "DaskKAHMClassifier":
-        from kahm_dask.pipeline.estimator import DaskKAHMClassifier
+_LAZY = {
+    "DaskKAHMClassifier": "kahm_dask.pipeline.estimator",
+    "write_dataset": "kahm_dask.pipeline.store",
+    "open_dataset": "kahm_dask.pipeline.store",
+}
 
-        return DaskKAHMClassifier
+
+def __getattr__(name: str):
+    """The pipeline's names (:data:`_LAZY`) on first access, so that importing the core does not
+    import Dask."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

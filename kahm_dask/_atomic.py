@@ -42,8 +42,9 @@ def sibling_path(path: str | os.PathLike, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex}")
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (parent folders are created).
+def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = None) -> Path:
+    """Write ``text`` to ``path`` atomically (parent folders are created); ``mode`` (e.g.
+    0o600) is the new file's permission bits from the start, else the process's default.
 
     >>> import tempfile
     >>> p = write_text_atomic(Path(tempfile.mkdtemp()) / "a" / "note.txt", "hello")
@@ -54,7 +55,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = sibling_path(path, "tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+        if mode is not None:
+            os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
+        with open(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -65,9 +69,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, **dumps_kwargs: Any) -> Path:
-    """Write ``json.dumps(obj, **dumps_kwargs)`` to ``path`` atomically."""
-    return write_text_atomic(path, json.dumps(obj, **dumps_kwargs))
+def write_json_atomic(path: str | os.PathLike, obj: Any, *, mode: int | None = None, **dumps_kwargs: Any) -> Path:
+    """Write ``json.dumps(obj, **dumps_kwargs)`` to ``path`` atomically (``mode``: as in
+    :func:`write_text_atomic`)."""
+    return write_text_atomic(path, json.dumps(obj, **dumps_kwargs), mode=mode)
 
 
 def replace_directory(new: str | os.PathLike, target: str | os.PathLike) -> None:

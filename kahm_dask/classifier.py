@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import uuid
 import weakref
 
 import numpy as np
@@ -39,9 +38,11 @@ from kahm_dask.deep import WideKAHM
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
 from kahm_dask.params import PARAMS, check_r_value, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
-from kahm_dask.privacy.bounds import resolve_bounds
+from kahm_dask.privacy.bounds import clipped_share, resolve_bounds, warn_if_clipped
+from kahm_dask.privacy.fingerprint import fingerprint
+from kahm_dask.privacy.ledger import check_budget
 from kahm_dask.privacy.randomness import as_noise_source
-from kahm_dask.privacy.statement import plan_release
+from kahm_dask.privacy.release import begin_release
 from kahm_dask.recipe import TrainParams
 
 __all__ = ["KAHMClassifier", "class_matching_scores", "class_proportions", "DP_DATA", "PARTITION_STREAM"]
@@ -167,8 +168,18 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         convention: None is 1, -1 all cores. With more than one thread, BLAS and OpenMP run one
         thread each inside them (threadpoolctl, process-wide for the duration of the call);
         with one, the BLAS thread count is left as it is.
-    ledger : :class:`~kahm_dask.privacy.ledger.PrivacyLedger` or None
-        Records the release of each DP fit, and refuses one beyond its budget.
+    ledger : "auto", str or path, :class:`~kahm_dask.PrivacyLedger` or None, default="auto"
+        Where the release of a DP fit is recorded and checked against the budget
+        (docs/privacy.md#ledger): "auto", the data set's own ledger (found by the fingerprint of
+        X) in the default ledger directory (``$KAHM_DASK_LEDGER_DIR``, else
+        ``~/.local/share/kahm-dask/ledgers``); a directory, the data set's ledger there; a
+        ``PrivacyLedger``, used as it is; None, no accounting (warns with
+        ``PrivacyLeakWarning``). Every entry point (this class, ``DaskKAHMClassifier``, the
+        ``kahm-dask`` commands) finds the same ledger for the same rows.
+    budget : (ε, δ) or None, default=None
+        A cap on the data set's total spending: it lowers the ledger's stored budget (or sets
+        the first one) and cannot raise it. A fit beyond it raises ``BudgetExceededError``
+        before any noise is drawn.
     insecure_noise_seed : int or None, default=None
         Tests only: draws the noise from this seed, which voids the guarantee (anyone with
         the seed removes the noise); warns with ``PrivacyLeakWarning``.
@@ -191,15 +202,19 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     Examples
     --------
-    >>> from kahm_dask import KAHMClassifier
-    >>> from kahm_dask.datasets import load_bundled, split_and_scale
-    >>> split = split_and_scale(*load_bundled("digits"))
-    >>> clf = KAHMClassifier(n_layers=1, random_state=0).fit(split.X_train, split.y_train)
+    >>> from kahm_dask import KAHMClassifier, PrivacyLedger
+    >>> from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
+    >>> # digits count pixels 0 to 16: public bounds, so the scaling uses no private statistic
+    >>> split = split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
+    >>> clf = KAHMClassifier(random_state=0).fit(split.X_train, split.y_train)
     >>> round(clf.score(split.X_test, split.y_test), 2) >= 0.95
     True
-    >>> dp = KAHMClassifier(n_layers=1, epsilon=2.0, bounds=(0, 1), random_state=0)
+    >>> # ledger: an in-memory one for this example; by default the rows' own ledger on disk
+    >>> dp = KAHMClassifier(epsilon=2.0, bounds=split.bounds, random_state=0, ledger=PrivacyLedger())
     >>> dp.fit(split.X_train, split.y_train).privacy_statement_.weakenings
     []
+    >>> dp.ledger.spent()
+    (2.0, 0.0)
     """
 
     #: The rule of every parameter, from kahm_dask/params.py (``r_value`` is also checked
@@ -207,7 +222,8 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints: dict = parameter_constraints(
         "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d",
         "dp_data", "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range",
-        "chunk_size", "n_init", "kmeans_dims", "n_probe", "eval_dtype", "n_jobs", "ledger", "insecure_noise_seed",
+        "chunk_size", "n_init", "kmeans_dims", "n_probe", "eval_dtype", "n_jobs", "ledger", "budget",
+        "insecure_noise_seed",
     )
 
     def __init__(
@@ -234,7 +250,8 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         n_probe: int | None = None,
         eval_dtype: str = "float64",
         n_jobs: int | None = None,
-        ledger=None,
+        ledger="auto",
+        budget: tuple[float, float] | None = None,
         insecure_noise_seed: int | None = None,
     ) -> None:
         self.n_components = n_components
@@ -259,6 +276,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         self.eval_dtype = eval_dtype
         self.n_jobs = n_jobs
         self.ledger = ledger
+        self.budget = budget
         self.insecure_noise_seed = insecure_noise_seed
 
     # ------------------------------------------------------------------ fitting
@@ -268,6 +286,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         name = type(self).__name__
         validate_parameter_constraints(self._parameter_constraints, self.get_params(deep=False), name)
         check_r_value(self.r_source, self.r_value, name)
+        check_budget(self.budget, "budget")
 
     def _wide(self, seed: np.random.SeedSequence) -> WideKAHM:
         return WideKAHM(
@@ -283,13 +302,17 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             eval_dtype=self.eval_dtype,
         )
 
-    def fit(self, X, y, *, partition=None) -> KAHMClassifier:
+    def fit(self, X, y, *, partition=None, partition_public: bool = False) -> KAHMClassifier:
         """Fit one wide deep KAHM per class.
 
         X : (N, p) training rows; y : (N,) labels of any type.
         partition : optional (N,) integer branch labels within each class. When given, it
             replaces every k-means step: it is the Remark 4 partition and the branches of
             the class models (this is what the Dask pipeline does with dask-ml labels).
+        partition_public : whether ``partition`` was made without looking at the private rows
+            (e.g. from public metadata). By default a DP fit treats a given partition as
+            computed from them: it warns with ``PrivacyLeakWarning`` and the privacy statement
+            names it.
         """
         self._check_params()
         y = check_label_types(y)
@@ -306,7 +329,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         labels = None if partition is None else check_partition(partition, X.shape[0], 1)[0]
         root = as_seed_sequence(self.random_state)
         private = self.epsilon is not None
-        X_noisy = self._release(X) if private else None
+        X_noisy = self._release(X, caller_partition=labels is not None and not partition_public) if private else None
         recipe = self._recipe()
 
         def fit_class(c: int) -> tuple[WideKAHM, np.ndarray | None, list[int | None] | None]:
@@ -382,37 +405,33 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             dp[branch == s] = fit.dp_rows
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
 
-    def _release(self, X: np.ndarray) -> np.ndarray:
-        """The DP release of X (clip, exact discrete noise), recorded in the ledger; sets
+    def _release(self, X: np.ndarray, *, caller_partition: bool) -> np.ndarray:
+        """The DP release of X (clip, exact discrete noise), paid for in the data set's ledger
+        before the noise is drawn (:func:`~kahm_dask.privacy.release.begin_release`); sets
         ``privacy_statement_``."""
-        lower, upper, bounds_source = resolve_bounds(self.bounds, X, stacklevel=3)
-        mechanism, statement = plan_release(
+        bounds = resolve_bounds(self.bounds, X, stacklevel=3)
+        warn_if_clipped(clipped_share(X, bounds.lower, bounds.upper), bounds.lower, bounds.upper, stacklevel=3)
+        release = begin_release(
             self.epsilon,
-            lower,
-            upper,
-            bounds_source,
+            bounds.lower,
+            bounds.upper,
+            bounds.source,
+            scaling=bounds.scaling,
+            ledger=self.ledger,
+            data=lambda: fingerprint(X),
+            budget=check_budget(self.budget),
+            what=f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
             delta=self.delta,
             d=self.d,
             dp_data=self.dp_data,
             r_source=self.r_source,
             cluster_on=self.cluster_on,
+            caller_partition=caller_partition,
             insecure_noise=self.insecure_noise_seed is not None,
             stacklevel=3,
         )
-        if self.ledger is not None:
-            self.ledger.check(mechanism.epsilon, mechanism.delta)
-        X_noisy = mechanism.release(X, as_noise_source(self.insecure_noise_seed))
-        if self.ledger is not None:
-            self.ledger.record(
-                mechanism.epsilon,
-                mechanism.delta,
-                release_id=uuid.uuid4().hex,
-                what=f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
-                unit="entry",
-                mechanism=mechanism.describe(),
-                bounds_source=bounds_source,
-            )
-        self.privacy_statement_ = statement
+        X_noisy = release.mechanism.release(X, as_noise_source(self.insecure_noise_seed))
+        self.privacy_statement_ = release.statement
         return X_noisy
 
     # --------------------------------------------------------------- evaluation

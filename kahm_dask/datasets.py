@@ -15,7 +15,7 @@ from sklearn import datasets as _skd
 from sklearn.model_selection import train_test_split
 
 from kahm_dask._random import as_generator
-from kahm_dask.privacy.bounds import public_bounds
+from kahm_dask.privacy.bounds import FeatureBounds, Scaling, public_bounds, warn_private_scaling
 
 __all__ = [
     "BUNDLED",
@@ -63,10 +63,16 @@ class MinMaxRange(NamedTuple):
 
 
 class Split(NamedTuple):
+    """A train/test split: rows (N_train, p), (N_test, p), labels, and ``bounds``, the
+    :class:`~kahm_dask.privacy.bounds.FeatureBounds` of the scaled features (public when the
+    scaling used public raw bounds), None when not scaled. Pass ``bounds=split.bounds`` to a DP
+    estimator: its privacy statement then says where the bounds came from, in raw units too."""
+
     X_train: np.ndarray
     X_test: np.ndarray
     y_train: np.ndarray
     y_test: np.ndarray
+    bounds: FeatureBounds | None = None
 
 
 #: Public feature ranges of the bundled data sets that have one (digits: 4x4 pixel counts 0–16).
@@ -78,23 +84,34 @@ def split_and_scale(
 ) -> Split:
     """Stratified seeded split; with ``scale``, features mapped to [0, 1].
 
-    ``bounds=(lower, upper)`` (public, scalars or per-feature arrays) scale by
-    ``(x − lower) / (upper − lower)``: no private statistic is used. Without them, by the
-    training split's min/max, which are themselves private data (test values may then fall
-    slightly outside [0, 1]).
+    ``bounds=(lower, upper)`` (public, scalars or per-feature arrays: the raw range known without
+    looking at the data, e.g. ``PUBLIC_BOUNDS["digits"]``) scale by ``(x − lower) / (upper −
+    lower)``: no private statistic is used, and ``split.bounds`` is the public [0, 1]. Without
+    them, by the training split's min/max, which are private: one entry changed moves a whole
+    column's scale. That warns with :class:`~kahm_dask.privacy.randomness.PrivacyLeakWarning`
+    and ``split.bounds`` is marked private, so a DP fit with it names the leak in its statement
+    (test values may then fall slightly outside [0, 1]).
+
+    >>> X, y = load_bundled("digits")
+    >>> split = split_and_scale(X, y, bounds=PUBLIC_BOUNDS["digits"])
+    >>> split.bounds
+    FeatureBounds(0.0, 1.0, public, scaling='minmax')
     """
     Xtr, Xte, ytr, yte = train_test_split(
         np.asarray(X, dtype=np.float64), np.asarray(y), test_size=test_size, stratify=y,
         random_state=split_seed,
     )
-    if scale:
-        if bounds is not None:
-            lower, upper = public_bounds(bounds, Xtr.shape[1])
-            rng = MinMaxRange(lower, upper - lower)
-        else:
-            rng = MinMaxRange.fit(Xtr)
-        Xtr, Xte = rng.apply(Xtr), rng.apply(Xte)
-    return Split(Xtr, Xte, ytr, yte)
+    if not scale:
+        return Split(Xtr, Xte, ytr, yte)
+    if bounds is not None:
+        lower, upper = public_bounds(bounds, Xtr.shape[1])
+        rng = MinMaxRange(lower, upper - lower)
+    else:
+        warn_private_scaling(stacklevel=2)
+        rng = MinMaxRange.fit(Xtr)
+    scaling = Scaling("minmax", rng.low, rng.low + rng.width)
+    return Split(rng.apply(Xtr), rng.apply(Xte), ytr, yte, FeatureBounds(0.0, 1.0, public=bounds is not None,
+                                                                       scaling=scaling))
 
 
 def make_class_blobs(

@@ -39,6 +39,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._random import RandomState, as_generator, as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_positive_float, check_positive_int
+from kahm_dask.privacy.ledger import PrivacyLedger
 from kahm_dask.privacy.membership import (
     MembershipAttack,
     MembershipInference,
@@ -304,7 +305,12 @@ def site_membership_evaluation(
 
 
 def membership_fields(inference: MembershipInference, attack: MembershipAttack) -> dict:
-    """The report fields of one membership evaluation (flat dict of numbers)."""
+    """The report fields of one membership evaluation (flat dict of numbers).
+
+    A true-positive rate at a false-positive rate f is reported only where the non-members can
+    resolve it (f · n_nonmembers ≥ 1: at least one non-member may be misflagged); else None. With
+    540 non-members the rate "at 0.1 % FPR" is the rate at 0 false positives, not at 0.1 %.
+    """
     return {
         "mis": inference.mis,
         "mis_norm": inference.mis_norm,
@@ -313,9 +319,14 @@ def membership_fields(inference: MembershipInference, attack: MembershipAttack) 
         "n_infinite": inference.n_infinite,
         "attack_auc": attack.auc,
         "attack_advantage": attack.advantage,
-        "attack_tpr_at_1pct_fpr": attack.tpr_at_1pct_fpr,
-        "attack_tpr_at_0_1pct_fpr": attack.tpr_at_0_1pct_fpr,
+        "attack_tpr_at_1pct_fpr": _resolved(attack.tpr_at_1pct_fpr, 0.01, attack.n_nonmembers),
+        "attack_tpr_at_0_1pct_fpr": _resolved(attack.tpr_at_0_1pct_fpr, 0.001, attack.n_nonmembers),
     }
+
+
+def _resolved(tpr: float, fpr: float, n_nonmembers: int) -> float | None:
+    """``tpr`` if ``n_nonmembers`` non-members resolve a false-positive rate of ``fpr``, else None."""
+    return tpr if fpr * n_nonmembers >= 1 else None
 
 
 #: Summary fields of a federation: the largest value over the sites (the most exposed site).
@@ -353,6 +364,12 @@ class FederatedMembership:
         return membership_summary([membership_fields(i, a) for i, a in self.sites])
 
 
+def _largest(values) -> float | None:
+    """The largest value, None where any site's value is None (not resolved)."""
+    values = list(values)
+    return None if any(v is None for v in values) else max(values)
+
+
 def membership_summary(per_site: Sequence[dict]) -> dict:
     """Combine per-site report fields (:func:`membership_fields`, in site order) into the
     federation's: the largest value of each over the sites (``mis``, ``mis_norm``,
@@ -366,7 +383,7 @@ def membership_summary(per_site: Sequence[dict]) -> dict:
     used = np.array([s["n_train_used"] for s in per_site], dtype=np.float64)
     aucs = np.array([s["attack_auc"] for s in per_site], dtype=np.float64)
     return {
-        **{name: max(s[name] for s in per_site) for name in _WORST_OVER_SITES},
+        **{name: _largest(s[name] for s in per_site) for name in _WORST_OVER_SITES},
         "attack_auc_mean": float(np.sum(aucs * used) / np.sum(used)),
         "n_train_used": int(used.sum()),
         "n_infinite": int(sum(s["n_infinite"] for s in per_site)),
@@ -626,9 +643,11 @@ def fit_sites(
     test-only ``insecure_noise_seed`` set, site q gets ``site_noise_seed(seed, q)``.
     partitions : optional per-site (N_q,) branch labels passed as ``fit(..., partition=)``
     (they replace every k-means step).
-    ledgers : optional per-site :class:`~kahm_dask.privacy.ledger.PrivacyLedger` (each site
-    accounts for its own releases); required instead of a ``ledger`` on the estimator, which
-    the sites would otherwise share.
+    ledgers : optional per-site ledgers (a :class:`~kahm_dask.privacy.ledger.PrivacyLedger`, a
+    ledger directory or "auto"): each site accounts for its own rows. With the estimator's
+    ``ledger="auto"`` (the default) or a directory, every site finds its own data set's ledger
+    by its rows' fingerprint; a ``PrivacyLedger`` object on the estimator is refused (it is one
+    data set's, and the sites would share it).
     """
     X, y = np.asarray(X), np.asarray(y)
     if partitions is not None and len(partitions) != len(sites):
@@ -636,10 +655,10 @@ def fit_sites(
     if ledgers is not None and len(ledgers) != len(sites):
         raise ValueError(f"got {len(ledgers)} ledgers for {len(sites)} sites.")
     params = estimator.get_params(deep=False)
-    if ledgers is None and params.get("ledger") is not None:
+    if ledgers is None and isinstance(params.get("ledger"), PrivacyLedger):
         raise ValueError(
             "each site keeps its own privacy ledger: pass ledgers=[...] (one per site) to "
-            "fit_sites instead of one ledger on the estimator."
+            "fit_sites, or ledger='auto' (each site's own, by its rows), instead of one ledger on the estimator."
         )
     noise_seed = params.get("insecure_noise_seed")
     out = []

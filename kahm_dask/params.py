@@ -13,6 +13,7 @@ pipeline YAML schema (:mod:`kahm_dask.pipeline.config`: ranges and choices) and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -199,8 +200,14 @@ PARAMS: dict[str, Param] = {
         (_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)"
     ),
     "ledger": Param(
-        (None, HasMethods(["check", "record"])),
-        "privacy ledger: records each release and refuses one beyond its budget",
+        (None, str, os.PathLike, HasMethods(["spend", "remaining"])),
+        "privacy ledger of the data set: 'auto' (its ledger in the default ledger directory), a ledger "
+        "directory, a PrivacyLedger, or None (no accounting: warns) (docs/privacy.md#ledger)",
+    ),
+    "budget": Param(
+        (None, "array-like"),
+        "(ε, δ) cap of the data set's ledger: lowers a stored budget, never raises it; None: the stored one "
+        "(docs/privacy.md#ledger)",
     ),
     "insecure_noise_seed": Param(
         (None, Range(Integral, 0, None, closed="left")),

@@ -19,10 +19,13 @@ Examples
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from kahm_dask.privacy.bounds import BOUNDS_PRIVATE
+import numpy as np
+
+from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, Scaling
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
@@ -30,6 +33,13 @@ __all__ = ["PrivacyStatement", "weakenings", "warn_weakenings", "plan_release"]
 
 SEEDED_NOISE = "the noise was drawn from a fixed seed (insecure_noise_seed): NOT differentially private"
 PRIVATE_BOUNDS = "the bounds (and d) were taken from the private data: each feature's min and max is released"
+PRIVATE_SCALING = ("the features were scaled by the private rows' min and max of each feature: one entry can move "
+                   "a whole column, which the guarantee does not cover")
+
+CALLER_PARTITION = (
+    "fit(partition=...): the branches were given by the caller and are treated as computed from the private "
+    "rows (pass partition_public=True only for a partition known without looking at them)"
+)
 
 NOT_COVERED = [
     "the labels (class of each row), and hence the exact number of rows of each class",
@@ -44,6 +54,7 @@ def weakenings(
     bounds_source: str,
     r_source: str | None = None,
     cluster_on: str | None = None,
+    caller_partition: bool = False,
     insecure_noise: bool = False,
     delta: float = 0.0,
     d_below_width: bool = False,
@@ -54,6 +65,8 @@ def weakenings(
         out.append(SEEDED_NOISE)
     if bounds_source == BOUNDS_PRIVATE:
         out.append(PRIVATE_BOUNDS)
+    if bounds_source == BOUNDS_PRIVATE_SCALING:
+        out.append(PRIVATE_SCALING)
     if r_source == "private":
         out.append(
             "r_source='private': the smoother stops at the private rows' modelling error, so the number "
@@ -64,6 +77,8 @@ def weakenings(
             "cluster_on='original': the k-means partition of the class models (and of the fabrication) is "
             "computed on the private rows"
         )
+    if caller_partition:
+        out.append(CALLER_PARTITION)
     if d_below_width:
         out.append("d is smaller than the bound width: changes of an entry by more than d are not covered")
     if delta > 0:
@@ -74,19 +89,27 @@ def weakenings(
 def warn_weakenings(items: list[str], *, stacklevel: int = 2) -> None:
     """One :class:`PrivacyLeakWarning` per weakening (bounds are warned where they are taken)."""
     for text in items:
-        if text not in (SEEDED_NOISE, PRIVATE_BOUNDS):  # warned where they happen
+        if text not in (SEEDED_NOISE, PRIVATE_BOUNDS, PRIVATE_SCALING):  # warned where they happen
             warnings.warn(text, PrivacyLeakWarning, stacklevel=stacklevel + 1)
 
 
 @dataclass(frozen=True)
 class PrivacyStatement:
-    """What a DP release guarantees, from the mechanism and the settings that made it."""
+    """What a DP release guarantees, from the mechanism and the settings that made it.
+
+    ``mechanism``: :meth:`GridLaplace.describe() <kahm_dask.privacy.noise.GridLaplace.describe>`
+    (bounds and d in feature units); ``n_features``: p, for the per-record ε; ``raw``: the bounds
+    and d in the owner's raw units and the scaling between them (:class:`~kahm_dask.privacy.bounds.Scaling`),
+    when known.
+    """
 
     mechanism: dict
     bounds_source: str
     dp_data: str
     weakenings: list[str] = field(default_factory=list)
     not_covered: list[str] = field(default_factory=lambda: list(NOT_COVERED))
+    n_features: int | None = None
+    raw: dict | None = None
 
     @classmethod
     def from_settings(
@@ -97,59 +120,114 @@ class PrivacyStatement:
         dp_data: str,
         r_source: str | None = None,
         cluster_on: str | None = None,
+        caller_partition: bool = False,
         insecure_noise: bool = False,
+        scaling: Scaling | None = None,
     ) -> PrivacyStatement:
         items = weakenings(
             bounds_source=bounds_source,
             r_source=r_source if dp_data == "fabricated" else None,
             cluster_on=cluster_on,  # the partition reads the rows whatever dp_data
+            caller_partition=caller_partition,
             insecure_noise=insecure_noise,
             delta=mechanism.delta,
             d_below_width=bool((mechanism.d < mechanism.upper - mechanism.lower).any()),
         )
-        return cls(mechanism.describe(), bounds_source, dp_data, items)
+        raw = None
+        if scaling is not None and scaling.kind != "none":
+            raw = {**scaling.describe(), "d": _compact(scaling.raw_d(mechanism.d))}
+        return cls(mechanism.describe(), bounds_source, dp_data, items, n_features=mechanism.n_features, raw=raw)
 
     @property
     def holds(self) -> bool:
         """False when the noise was seeded: then there is no guarantee at all."""
         return SEEDED_NOISE not in self.weakenings
 
+    @property
+    def epsilon_per_record(self) -> float | None:
+        """p·ε: a whole record changes up to p entries (basic composition); None if p is unknown."""
+        return None if self.n_features is None else self.n_features * self.mechanism["epsilon"]
+
     def to_dict(self) -> dict:
         return {**asdict(self), "holds": self.holds}
 
     def to_markdown(self) -> str:
+        """The statement for a reader who is not a DP specialist: what is protected, each number
+        with its meaning in one line, what is released and what is not covered."""
         m = self.mechanism
         eps, delta = m["epsilon"], m["delta"]
         kind = "ε-DP" if delta == 0 else "(ε, δ)-DP"
+        p = self.n_features
         lines = ["## Privacy statement", ""]
         if not self.holds:
             lines += ["**No guarantee: the noise was drawn from a fixed seed (tests only).**", ""]
         lines += [
-            f"- **Guarantee**: {kind} with ε = {eps:g}" + (f", δ = {delta:g}" if delta else "")
-            + " per entry of the data matrix (element level): the release is nearly as likely "
-            "whatever the value of any one entry, within d of its true value.",
-            f"- **Mechanism**: {m['mechanism']}; grid step d/{m['resolution']}, sensitivity "
-            f"{m['sensitivity_steps']} steps, ε used {m['epsilon_used']:.6g} (≤ ε); noise from "
-            + ("the operating system's secure random generator." if self.holds
-               else "a fixed seed (reproducible by anyone who knows it)."),
-            f"- **d** (largest change of one entry that is covered): {_fmt(m['d'])}.",
-            f"- **Bounds**: [{_fmt(m['lower'])}, {_fmt(m['upper'])}], from {self.bounds_source}; "
-            "entries are clipped to them before noise.",
-            "- **A whole record** of p features is covered at (p·ε, p·δ) by composition.",
-            f"- **Released**: the {self.dp_data} DP rows and models fitted on them only "
-            "(post-processing costs no privacy).",
-            "- **Not covered**: " + "; ".join(self.not_covered) + ".",
+            f"**What is protected: each entry of the training data** (one value of one feature of one row). "
+            f"The release is {kind} with ε = {eps:g} per entry: changing any one entry by at most d changes "
+            f"the probability of every published output by a factor of at most e^{eps:g} ≈ {math.exp(eps):.3g}"
+            + (f", except with probability δ = {delta:g}." if delta else "."),
+            "",
+            "| | value | what it means |",
+            "|---|---|---|",
+            f"| ε per entry | {eps:g} | the privacy loss for a change of one entry by at most d |",
         ]
-        lines.append(
-            "- **Settings that weaken it**: " + ("; ".join(self.weakenings) + "." if self.weakenings else "none.")
-        )
+        if p is not None:
+            lines.append(f"| ε per record ({p} features) | {p * eps:g} | a whole row differs in up to {p} entries: "
+                         f"the losses add up (basic composition), so a record is covered at {p} × ε |")
+        lines += [
+            f"| δ | {delta:g} | the probability that an entry is released without noise"
+            + (" (0: pure ε-DP) |" if delta == 0 else " |"),
+            f"| d | {self._in_units('d')} | the largest change of one entry that the guarantee covers "
+            "(default: the width of the bounds, so any change is covered) |",
+            f"| bounds | {self._bounds_text()} | every entry is clipped to them before the noise; "
+            f"they come from {self.bounds_source} |",
+            f"| mechanism | {m['mechanism']} | noise from "
+            + ("the operating system's secure random generator, never from a seed |" if self.holds
+               else "a fixed seed: anyone who knows it removes the noise |"),
+            f"| grid | step d/{m['resolution']}, sensitivity {m['sensitivity_steps']} steps | entries are "
+            f"rounded to a public grid before the noise, so a change of d moves an entry by at most "
+            f"{m['sensitivity_steps']} grid steps ({m['resolution']} plus one for the rounding) |",
+            f"| ε actually used | {m['epsilon_used']:.6g} | the noise drawn is a little wider than ε requires "
+            "(its ratio is rounded up), never narrower |",
+            "",
+            f"**Released (may be published):** the {self.dp_data} DP rows and the models fitted on them, "
+            "nothing else computed from the private rows. Anything computed from the release is covered "
+            "too (post-processing).",
+            "",
+            "**Labels:** each row's class is used as it is, without noise; the number of rows of each class "
+            "is published exactly.",
+            "",
+            "**Not covered:** " + "; ".join(self.not_covered) + ".",
+            "",
+            "**Settings that weaken it:** " + ("; ".join(self.weakenings) + "." if self.weakenings else "none."),
+        ]
         return "\n".join(lines) + "\n"
+
+    def _in_units(self, key: str) -> str:
+        """``key`` of the mechanism in feature units, with the raw units beside when known."""
+        text = _fmt(self.mechanism[key])
+        if self.raw is None:
+            return text
+        return f"{_fmt(self.raw[key])} in raw units ({text} after {self.raw['kind']} scaling)"
+
+    def _bounds_text(self) -> str:
+        m = self.mechanism
+        scaled = f"[{_fmt(m['lower'])}, {_fmt(m['upper'])}]"
+        if self.raw is None:
+            return scaled
+        return (f"[{_fmt(self.raw['raw_lower'])}, {_fmt(self.raw['raw_upper'])}] in raw units "
+                f"({scaled} after {self.raw['kind']} scaling)")
 
 
 def _fmt(v) -> str:
     if isinstance(v, list):
         return f"per feature, {min(v):g} to {max(v):g}"
     return f"{v:g}"
+
+
+def _compact(a) -> float | list[float]:
+    a = np.atleast_1d(np.asarray(a, dtype=np.float64))
+    return float(a[0]) if np.all(a == a[0]) else [float(v) for v in a]
 
 
 def plan_release(
@@ -164,12 +242,12 @@ def plan_release(
     r_source: str,
     cluster_on: str,
     insecure_noise: bool,
+    caller_partition: bool = False,
+    scaling: Scaling | None = None,
     stacklevel: int = 2,
 ) -> tuple[GridLaplace, PrivacyStatement]:
-    """The mechanism of a release and its statement, with one warning per weakening setting.
-
-    The one place where the estimator and the pipeline turn their settings into a release.
-    """
+    """The mechanism of a release and its statement, with one warning per weakening setting
+    (the first step of :func:`kahm_dask.privacy.release.begin_release`)."""
     mechanism = GridLaplace(epsilon, lower, upper, delta=delta, d=d)
     statement = PrivacyStatement.from_settings(
         mechanism,
@@ -177,7 +255,9 @@ def plan_release(
         dp_data=dp_data,
         r_source=r_source,
         cluster_on=cluster_on,
+        caller_partition=caller_partition,
         insecure_noise=insecure_noise,
+        scaling=scaling,
     )
     warn_weakenings(statement.weakenings, stacklevel=stacklevel + 1)
     return mechanism, statement

@@ -33,7 +33,7 @@ from kahm_dask.privacy.fabrication import _check_fabrication_options
 ALIASES = {"seed": "random_state", "max_iter": "kmeans_max_iter"}
 #: Options of ``kahm-dask train`` that are not model or privacy parameters.
 CLI_OTHER = {"store", "model", "work", "budget", "scheduler", "cluster_config", "n_workers", "memory_limit",
-             "tls_ca_file", "tls_cert", "tls_key", "storage_options"}
+             "tls_ca_file", "tls_cert", "tls_key", "storage_options", "ledger_dir", "dashboard_address"}
 #: Core functions that check parameters themselves, by the parameters they take.
 FUNCTIONS = {
     "n_branches": (lambda p: n_branches(100, p.get("block_size", 1000), p.get("s_rule", "round")),
@@ -225,7 +225,7 @@ def test_every_model_and_privacy_setting_has_a_rule():
     train command needs a rule in the table first."""
     assert ESTIMATOR_PARAMS == set(KAHMClassifier._parameter_constraints) <= set(PARAMS)
     for section in (ModelConfig, PrivacyConfig):
-        names = {ALIASES.get(f.name, f.name) for f in dataclasses.fields(section)} - {"budget"}
+        names = {ALIASES.get(f.name, f.name) for f in dataclasses.fields(section)} - {"budget", "ledger_dir"}
         assert names <= set(PARAMS), names - set(PARAMS)
     assert set(CLI_OPTIONS) <= set(PARAMS), set(CLI_OPTIONS) - set(PARAMS)
 

@@ -1,0 +1,150 @@
+"""The DP release sequence, one function for every path (in memory and on Dask).
+
+:func:`begin_release` is what ``KAHMClassifier.fit`` and the pipeline's training
+(``kahm-dask train``, ``kahm-dask run``, ``DaskKAHMClassifier``) both call before any noise is
+drawn::
+
+    bounds → plan (mechanism + statement, a warning per weakening)
+           → the data set's ledger → spend (check + record: one locked transaction)
+           → [the caller draws the noise with ``release.mechanism``]
+
+Spending *before* drawing is what makes concurrent releases safe: a release that the budget
+refuses draws nothing, and two releases that race are both recorded or the second is refused
+(:meth:`~kahm_dask.privacy.ledger.PrivacyLedger.spend`). A release that fails after spending
+(an interrupted run) stays charged, the conservative side; a pipeline run that resumes it
+reuses its release id and is not charged again.
+
+The ledger is chosen by the ``ledger`` parameter of the estimators (:func:`resolve_ledger`):
+``"auto"`` (the default) is the data set's ledger in the default ledger directory
+(:func:`~kahm_dask.privacy.ledger.default_ledger_dir`), a path is the data set's ledger in that
+directory, a :class:`~kahm_dask.privacy.ledger.PrivacyLedger` is used as it is, and None opts
+out of accounting, with a :class:`~kahm_dask.privacy.randomness.PrivacyLeakWarning`.
+
+Examples
+--------
+>>> import numpy as np
+>>> from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
+>>> from kahm_dask.privacy.ledger import PrivacyLedger
+>>> ledger = PrivacyLedger(budget=(2.0, 0.0))
+>>> release = begin_release(2.0, np.zeros(3), np.ones(3), BOUNDS_PUBLIC, ledger=ledger, data=None,
+...                         what="example")
+>>> ledger.spent(), release.mechanism.epsilon
+((2.0, 0.0), 2.0)
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kahm_dask.privacy.bounds import Scaling
+from kahm_dask.privacy.fingerprint import DataFingerprint
+from kahm_dask.privacy.ledger import PrivacyLedger
+from kahm_dask.privacy.noise import GridLaplace
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.privacy.statement import PrivacyStatement, plan_release
+
+__all__ = ["Release", "begin_release", "resolve_ledger", "AUTO_LEDGER", "NO_LEDGER_WARNING"]
+
+#: The default ``ledger``: the data set's ledger in the default ledger directory.
+AUTO_LEDGER = "auto"
+NO_LEDGER_WARNING = (
+    "ledger=None: this DP release is recorded in no privacy ledger, so the data set's budget "
+    "cannot see or refuse it. Leave ledger='auto' (the data set's own ledger) unless another "
+    "accountant records it."
+)
+
+
+def resolve_ledger(
+    spec: Any,
+    data: DataFingerprint | Callable[[], DataFingerprint] | None,
+    budget: tuple[float, float] | None = None,
+    *,
+    stacklevel: int = 2,
+) -> PrivacyLedger | None:
+    """The ledger a ``ledger`` parameter names (module docstring), with the caller's ``budget``
+    applied (it may lower a stored budget, never raise it). ``data``: the data set's fingerprint,
+    or a function computing it (called only when the ledger is found by fingerprint)."""
+    if spec is None:
+        warnings.warn(NO_LEDGER_WARNING, PrivacyLeakWarning, stacklevel=stacklevel + 1)
+        if budget is not None:
+            raise ValueError("a budget needs a ledger to count against: set ledger='auto' (or a ledger directory).")
+        return None
+    if isinstance(spec, PrivacyLedger):
+        if budget is not None:
+            spec.set_budget(*budget)  # lowers, or sets the first budget; raising is refused
+        return spec
+    if spec == AUTO_LEDGER or isinstance(spec, str | os.PathLike):
+        fp = data() if callable(data) else data
+        if fp is None:
+            raise ValueError("the data set's fingerprint is needed to find its ledger.")
+        return PrivacyLedger.for_data(fp, None if spec == AUTO_LEDGER else spec, budget)
+    raise TypeError(f"ledger must be 'auto', a ledger directory, a PrivacyLedger or None, got {spec!r}.")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release that has been planned and paid for: draw its noise with ``mechanism``.
+
+    ``statement`` is its privacy statement, ``release_id`` its id in the ``ledger`` (None when
+    opted out), ``entry`` the ledger's record of it, ``reused`` whether an earlier release (a
+    resumed run's stored noise) is continued instead of a new one drawn.
+    """
+
+    mechanism: GridLaplace
+    statement: PrivacyStatement
+    release_id: str
+    ledger: PrivacyLedger | None
+    entry: dict | None
+    reused: bool
+
+
+def begin_release(
+    epsilon: float,
+    lower,
+    upper,
+    bounds_source: str,
+    *,
+    ledger: Any,
+    data: DataFingerprint | Callable[[], DataFingerprint] | None,
+    what: str,
+    budget: tuple[float, float] | None = None,
+    delta: float = 0.0,
+    d=None,
+    dp_data: str = "fabricated",
+    r_source: str = "passes",
+    cluster_on: str = "noisy",
+    caller_partition: bool = False,
+    insecure_noise: bool = False,
+    scaling: Scaling | None = None,
+    stored: Callable[[GridLaplace], str | None] | None = None,
+    details: dict | None = None,
+    stacklevel: int = 2,
+) -> Release:
+    """Plan a release of (ε, δ) with public bounds ``[lower, upper]`` and pay for it in the
+    data set's ledger (module docstring); returns the :class:`Release` whose noise the caller
+    then draws.
+
+    ``stored`` (the pipeline's): given the planned mechanism, the release id of stored noisy
+    rows that a resumed run continues (spent once, so not charged again), or None for a new
+    release; it raises when stored noise belongs to other rows. ``what`` and ``details`` go
+    into the ledger's entry. The other arguments are those of
+    :func:`~kahm_dask.privacy.statement.plan_release`.
+    """
+    mechanism, statement = plan_release(
+        epsilon, lower, upper, bounds_source, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
+        cluster_on=cluster_on, caller_partition=caller_partition, insecure_noise=insecure_noise,
+        scaling=scaling, stacklevel=stacklevel + 1,
+    )
+    book = resolve_ledger(ledger, data, budget, stacklevel=stacklevel + 1)
+    previous = None if stored is None else stored(mechanism)
+    release_id = previous or uuid.uuid4().hex
+    entry = None
+    if book is not None:
+        entry = book.spend(mechanism.epsilon, mechanism.delta, release_id=release_id, what=what, unit="entry",
+                           mechanism=mechanism.describe(), bounds_source=bounds_source, **(details or {}))
+    return Release(mechanism, statement, release_id, book, entry, previous is not None)
