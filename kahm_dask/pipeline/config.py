@@ -253,6 +253,25 @@ def _check_address(value: str, key: str) -> None:
 MEMORY = {"check": _check_memory}
 ADDRESS = {"check": _check_address}
 
+#: The dashboard of a local cluster: this machine's loopback interface only.
+DASHBOARD = "127.0.0.1:8787"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def dashboard_is_local(address: str) -> bool:
+    """Whether a dashboard address ``host:port`` listens on the loopback interface only (an
+    empty host, as in ``:8787``, means every interface)."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host in _LOOPBACK
+
+
+def _check_dashboard(value: str, key: str) -> None:
+    if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]*):\d{1,5}", value):
+        raise invalid_value(key, "expected host:port, such as '127.0.0.1:8787' (null: no dashboard)", value)
+
+
+DASHBOARD_RULE = {"check": _check_dashboard}
+
 
 # --------------------------------------------------------------------------- sections
 
@@ -464,13 +483,17 @@ class PrivacyConfig(Section):
 
     A missing ``privacy`` block or ``privacy: null`` gives these defaults (non-private).
     ``delta`` 0 (the default) is pure ε-DP. ``d`` (the largest change of one entry that is
-    covered) defaults to the width of the feature bounds (``data.bounds``). ``r_value`` goes
+    covered) is in the raw units of ``data.bounds`` (e.g. 16 for digits counted 0–16) and
+    defaults to their width; the run turns it into the units of the scaled features and the
+    privacy statement prints both. ``r_value`` goes
     with ``r_source``: for ``passes`` (the default) an int >= 1, the fixed number of smoothing
     passes (null: :data:`~kahm_dask.privacy.fabrication.DEFAULT_PASSES`); a float >= 0 (the
     error threshold r per row) for ``threshold``; null for ``private`` (r computed from the
     private rows: leaks, warns). ``cluster_on: original`` (k-means on the private rows) leaks
-    too and warns. ``budget: [epsilon, delta]`` refuses a release that would take the total
-    recorded in the data store's privacy ledger beyond it.
+    too and warns. ``budget: [epsilon, delta]`` caps the training data's privacy ledger: it
+    lowers a stored budget (never raises it) and a release beyond it is refused.
+    ``ledger_dir``: the ledger directory (default: ``$KAHM_DASK_LEDGER_DIR``, else
+    ``~/.local/share/kahm-dask/ledgers``), where every entry point finds the data set's ledger.
     """
 
     _key: ClassVar[str] = "privacy"
@@ -483,8 +506,11 @@ class PrivacyConfig(Section):
     cluster_on: ClusterOn = "noisy"
     max_passes: int = field(default=100, metadata=rule("max_passes"))
     budget: list | None = field(default=None, metadata={"check": lambda v, k: _check_budget(v, k)})
+    ledger_dir: Path | None = None
 
     def _validate(self) -> None:
+        if self.ledger_dir is not None:
+            object.__setattr__(self, "ledger_dir", Path(self.ledger_dir).expanduser().absolute())
         try:
             r_value = check_r_value(self.r_source, self.r_value, "the privacy section")
         except RuleError as exc:
@@ -541,7 +567,9 @@ class ClusterConfig(Section):
     file), at most one of them; with neither, a LocalCluster of ``n_workers`` workers.
     ``tls`` (``ca_file``, ``cert``, ``key``, ``require_encryption``;
     :mod:`kahm_dask.pipeline.security`): mutual TLS with a ``tls://`` scheduler, or for the
-    LocalCluster; a cluster config file holds its own ``tls``.
+    LocalCluster; a cluster config file holds its own ``tls``. ``dashboard_address``: the
+    LocalCluster's dashboard, on this machine's loopback interface by default (it has no
+    authentication); another host warns with ``PrivacyLeakWarning``, null turns it off.
     """
 
     _key: ClassVar[str] = "cluster"
@@ -552,6 +580,7 @@ class ClusterConfig(Section):
     memory_limit: str = field(default="auto", metadata=MEMORY)
     processes: bool = True
     tls: _security.ClusterTLSConfig | None = None  # resolved lazily: security.py builds on Section
+    dashboard_address: str | None = field(default=DASHBOARD, metadata=DASHBOARD_RULE)
 
     def _validate(self) -> None:
         if self.scheduler is not None and self.config is not None:

@@ -22,12 +22,17 @@ import dask
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from kahm_dask._private import private_directory
 from kahm_dask.datasets import load_bundled, split_and_scale
+from kahm_dask.pipeline.config import SYNTHETIC_SOURCE
 from kahm_dask.pipeline.store import DatasetStore, ingest, open_dataset, write_dataset
 from kahm_dask.pipeline.synthetic import synthetic_blobs
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
+    BOUNDS_PRIVATE_SCALING,
     BOUNDS_PUBLIC,
+    ResolvedBounds,
+    Scaling,
     bounds_from_private_data,
     public_bounds,
 )
@@ -35,9 +40,12 @@ from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 __all__ = [
     "prepare_stores",
+    "write_data_stores",
     "load_source",
     "raw_bounds",
     "feature_bounds",
+    "data_scaling",
+    "scaled_d",
     "store_bounds",
     "OWNER",
     "PUBLIC",
@@ -70,22 +78,21 @@ def raw_bounds(data, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
     return None
 
 
-def feature_bounds(
-    data, n_features: int, train: DatasetStore | None = None
-) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """``(lower, upper, source)`` of the scaled features, the bounds of the DP release.
+def feature_bounds(data, n_features: int, train: DatasetStore | None = None) -> ResolvedBounds | None:
+    """``(lower, upper, source, scaling)`` of the scaled features, the bounds of the DP release.
 
     ``source`` is :data:`~kahm_dask.privacy.bounds.BOUNDS_PUBLIC` when they follow from public
-    raw bounds (``data.bounds``, or tanh255's [0, 255]), else
-    :data:`~kahm_dask.privacy.bounds.BOUNDS_PRIVATE`, with a
+    raw bounds (``data.bounds``, or tanh255's [0, 255]), else private, with a
     :class:`~kahm_dask.privacy.randomness.PrivacyLeakWarning`: ``minmax`` without bounds
-    scales by the training split's private min/max; ``none`` without bounds takes the min/max
-    of the training store ``train`` (None is returned when it is not given). Call it only for
-    DP runs (it warns).
+    scales by the training split's private min/max
+    (:data:`~kahm_dask.privacy.bounds.BOUNDS_PRIVATE_SCALING`); ``none`` without bounds takes
+    the min/max of the training store ``train`` (None is returned when it is not given). Call
+    it only for DP runs (it warns). ``scaling``: the public
+    :class:`~kahm_dask.privacy.bounds.Scaling` from the raw bounds, when there is one.
     """
     public = _feature_range(data, n_features)
     if public is not None:
-        return (*public_bounds(public, n_features), BOUNDS_PUBLIC)
+        return ResolvedBounds(*public_bounds(public, n_features), BOUNDS_PUBLIC, data_scaling(data, n_features))
     if data.scale == "minmax":
         warnings.warn(
             "data.scale 'minmax' without data.bounds: the features are scaled by the training "
@@ -94,10 +101,32 @@ def feature_bounds(
             PrivacyLeakWarning,
             stacklevel=2,
         )
-        return (np.zeros(n_features), np.ones(n_features), BOUNDS_PRIVATE)
+        return ResolvedBounds(np.zeros(n_features), np.ones(n_features), BOUNDS_PRIVATE_SCALING)
     if train is None:
         return None
-    return (*store_bounds(train), BOUNDS_PRIVATE)
+    return ResolvedBounds(*store_bounds(train), BOUNDS_PRIVATE)
+
+
+def data_scaling(data, n_features: int) -> Scaling | None:
+    """The :class:`~kahm_dask.privacy.bounds.Scaling` of a ``data`` section with public raw
+    bounds (None without them: the scaling is then private)."""
+    raw = raw_bounds(data, n_features)
+    return None if raw is None else Scaling(data.scale, raw[0], raw[1])
+
+
+def scaled_d(data, d, n_features: int):
+    """``privacy.d``, given in raw units, in the units of the scaled features (None stays None:
+    the bound width). Needs public raw bounds for ``minmax``."""
+    if d is None:
+        return None
+    scaling = data_scaling(data, n_features)
+    if scaling is None:
+        if data.scale == "minmax":
+            raise ValueError("privacy.d is in raw units and needs data.bounds to be scaled with minmax; "
+                             "give data.bounds (or leave privacy.d unset: the width of the bounds).")
+        return d
+    out = np.atleast_1d(scaling.scaled_d(d))
+    return float(out[0]) if np.all(out == out[0]) else out.tolist()
 
 
 def store_bounds(store: DatasetStore) -> tuple[np.ndarray, np.ndarray]:
@@ -142,55 +171,69 @@ def _feature_range(data, n_features: int):
 
 
 def prepare_stores(cfg, out: Path) -> tuple[DatasetStore, DatasetStore]:
-    """Write ``out/owner/data/train.zarr`` and ``out/owner/data/test.zarr`` for a pipeline config.
-
-    Reuses both stores if they already exist (a rerun resumes). The training store records
-    the public feature range (when there is one) as its ``feature_range`` attribute.
-    """
-    data = cfg.data
-    data_dir = Path(out) / OWNER / "data"
+    """The train and test stores of a pipeline run: ``out/owner/data/{train,test}.zarr``
+    (:func:`write_data_stores`; both reused if they exist: a rerun resumes)."""
+    data_dir = private_directory(Path(out) / OWNER / "data")
     train_path, test_path = data_dir / "train.zarr", data_dir / "test.zarr"
     if train_path.exists() and test_path.exists():
         return open_dataset(train_path), open_dataset(test_path)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    kw = {"chunk_rows": data.chunk_rows, "overwrite": True}
+    return write_data_stores(cfg.data, train_path, test_path, overwrite=True)
+
+
+def write_data_stores(
+    data, train_path: Path, test_path: Path | None, *, overwrite: bool = False, dtype: str | None = None
+) -> tuple[DatasetStore, DatasetStore | None]:
+    """Write the stores a ``data`` section (:class:`~kahm_dask.pipeline.config.DataConfig`)
+    describes: raw rows clipped to the public raw bounds and scaled (module docstring), split
+    into ``train_path`` and ``test_path`` (stratified, ``data.test_size``, ``data.split_seed``;
+    or the ``data.test_source`` rows), or all rows into ``train_path`` when ``test_path`` is None.
+
+    Each store records its public ``feature_range`` and ``scaling`` when the bounds are public.
+    ``dtype``: of the stored rows (default float64; a synthetic source's own).
+    Raw copies of file sources are kept beside the train store (``raw.zarr``, ``raw_test.zarr``).
+    """
+    kw = {"chunk_rows": data.chunk_rows, "overwrite": overwrite}
     if data.source.startswith("sklearn:"):
         X, y = load_bundled(data.source.split(":", 1)[1])
-        sp = split_and_scale(X, y, test_size=data.test_size, split_seed=data.split_seed, scale=False)
-        Xtr, Xte = _transform(sp.X_train, sp.X_train, data), _transform(sp.X_test, sp.X_train, data)
-        fr = _feature_range(data, X.shape[1])
-        return (
-            write_dataset(train_path, Xtr, sp.y_train, source=data.source, feature_range=fr, **kw),
-            write_dataset(test_path, Xte, sp.y_test, source=data.source, feature_range=fr, **kw),
-        )
-    if data.source == "synthetic:blobs":
+        if test_path is None:
+            Xtr, ytr, Xte, yte = X, y, None, None
+        else:
+            sp = split_and_scale(X, y, test_size=data.test_size, split_seed=data.split_seed, scale=False)
+            Xtr, ytr, Xte, yte = sp.X_train, sp.y_train, sp.X_test, sp.y_test
+        source_dtype = "float64"
+    elif data.source == SYNTHETIC_SOURCE:
         syn = data.synthetic
         X, y = synthetic_blobs(
             syn.n_samples, syn.n_features, syn.n_classes, seed=data.split_seed, dtype=syn.dtype,
             chunk_rows=data.chunk_rows or 20_000,
         )
-        n_train = syn.n_samples - int(round(syn.n_samples * data.test_size))  # labels are i.i.d.
-        Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]
-        Xtr, Xte = _transform(Xtr, Xtr, data), _transform(Xte, Xtr, data)
-        fr = _feature_range(data, syn.n_features)
-        return (
-            write_dataset(train_path, Xtr, ytr, source=data.source, dtype=syn.dtype, feature_range=fr, **kw),
-            write_dataset(test_path, Xte, yte, source=data.source, dtype=syn.dtype, feature_range=fr, **kw),
-        )
-    raw = load_source(data.source, data_dir / "raw.zarr", data.chunk_rows)
-    if data.test_source:
-        test_raw = load_source(data.test_source, data_dir / "raw_test.zarr", data.chunk_rows)
-        Xtr, ytr, Xte, yte = raw.X(), raw.labels(), test_raw.X(), test_raw.labels()
+        n_train = syn.n_samples if test_path is None else syn.n_samples - int(round(syn.n_samples * data.test_size))
+        Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]  # labels are i.i.d.
+        source_dtype = syn.dtype
     else:
-        idx_tr, idx_te = train_test_split(
-            np.arange(raw.n_samples), test_size=data.test_size, stratify=raw.y(), random_state=data.split_seed
-        )
-        idx_tr.sort(), idx_te.sort()
-        labels = raw.labels()
-        Xtr, ytr, Xte, yte = raw.X()[idx_tr], labels[idx_tr], raw.X()[idx_te], labels[idx_te]
-    Xtr_s, Xte_s = _transform(Xtr, Xtr, data), _transform(Xte, Xtr, data)
-    fr = _feature_range(data, raw.n_features)
-    return (
-        write_dataset(train_path, Xtr_s, ytr, source=data.source, feature_range=fr, **kw),
-        write_dataset(test_path, Xte_s, yte, source=data.source, feature_range=fr, **kw),
-    )
+        raw = load_source(data.source, Path(train_path).parent / "raw.zarr", data.chunk_rows)
+        source_dtype = "float64"
+        if data.test_source:
+            test_raw = load_source(data.test_source, Path(train_path).parent / "raw_test.zarr", data.chunk_rows)
+            Xtr, ytr, Xte, yte = raw.X(), raw.labels(), test_raw.X(), test_raw.labels()
+        elif test_path is None:
+            Xtr, ytr, Xte, yte = raw.X(), raw.labels(), None, None
+        else:
+            idx_tr, idx_te = train_test_split(
+                np.arange(raw.n_samples), test_size=data.test_size, stratify=raw.y(), random_state=data.split_seed
+            )
+            idx_tr.sort(), idx_te.sort()
+            labels = raw.labels()
+            Xtr, ytr, Xte, yte = raw.X()[idx_tr], labels[idx_tr], raw.X()[idx_te], labels[idx_te]
+    p = Xtr.shape[1]
+    attrs = {"feature_range": _feature_range(data, p), "scaling": _scaling(data, p), "dtype": dtype or source_dtype}
+    train = write_dataset(train_path, _transform(Xtr, Xtr, data), ytr, source=data.source, **attrs, **kw)
+    if test_path is None:
+        return train, None
+    return train, write_dataset(test_path, _transform(Xte, Xtr, data), yte, source=data.source, **attrs, **kw)
+
+
+def _scaling(data, n_features: int) -> dict | None:
+    """The public scaling of the features (``Scaling.describe()``), None when not public."""
+    scaling = data_scaling(data, n_features)
+    return None if scaling is None or scaling.kind == "none" else scaling.describe()

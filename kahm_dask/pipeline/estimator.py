@@ -17,6 +17,7 @@ import copy
 import os
 import shutil
 import tempfile
+import uuid
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from kahm_dask import __version__
+from kahm_dask._locks import exclusive
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_label_types
 from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier, class_matching_scores, class_proportions
@@ -53,10 +55,12 @@ from kahm_dask.pipeline.modelstore import (
     write_manifest,
 )
 from kahm_dask.pipeline.predict import class_distance_array
+from kahm_dask.pipeline.progress import Progress
 from kahm_dask.pipeline.rows import rows_per_chunk
 from kahm_dask.pipeline.security import as_security, check_address
 from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.train import TrainSettings, _versions, train_pipeline
+from kahm_dask.privacy.ledger import check_budget
 from kahm_dask.privacy.statement import PrivacyStatement
 from kahm_dask.recipe import TrainParams
 
@@ -66,7 +70,7 @@ __all__ = ["DaskKAHMClassifier", "ESTIMATOR_PARAMS_KEY"]
 SHARED_PARAMS = (
     "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d", "dp_data",
     "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "n_init", "kmeans_dims", "n_probe", "eval_dtype",
-    "insecure_noise_seed",
+    "ledger", "budget", "insecure_noise_seed",
 )
 #: The partition settings of the pipeline (the ``partition`` section of a pipeline file), which the
 #: in-memory estimator does not have: a class too large for one task is clustered out of core.
@@ -82,7 +86,7 @@ ESTIMATOR_PARAMS_KEY = "estimator_params"
 DATA, WORK, MODEL = "train.zarr", "work", "model.zarr"
 #: Not in the manifest: local paths, the test-only noise seed, and where the fit ran (``security``
 #: holds the paths of a private key and certificates; ``storage_options`` may hold credentials).
-_NOT_STORED = ("store_dir", "insecure_noise_seed", "scheduler", "security", "storage_options")
+_NOT_STORED = ("store_dir", "insecure_noise_seed", "scheduler", "security", "storage_options", "ledger", "budget")
 
 
 def _seed_constraints() -> list:
@@ -173,10 +177,13 @@ class DaskKAHMClassifier(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data, r_source, r_value, \
-cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, eval_dtype, insecure_noise_seed
+cluster_on, max_passes, s_rule, n_init, kmeans_dims, n_probe, eval_dtype, ledger, budget, insecure_noise_seed
         As in :class:`~kahm_dask.KAHMClassifier` (the same rules, from
         :data:`kahm_dask.params.PARAMS`). The DP noise comes from the operating system's
-        secure generator unless ``insecure_noise_seed`` (tests only) is set. ``n_probe`` and
+        secure generator unless ``insecure_noise_seed`` (tests only) is set. ``ledger="auto"``
+        records every DP fit in the training rows' own privacy ledger, the one
+        ``KAHMClassifier`` and the ``kahm-dask`` commands use for the same rows (neither
+        ``ledger`` nor ``budget`` is written to the model store). ``n_probe`` and
         ``eval_dtype`` (the precision of the prediction tasks' kernel blocks,
         docs/algorithm.md#evaluation-precision) act at prediction and may be changed after ``fit``.
     min_cluster_size, oversampling_factor, init_max_iter, kmeans_max_iter, max_cluster_rows, \
@@ -241,14 +248,15 @@ persist_fraction
     >>> import dask.array as da
     >>> from distributed import Client, LocalCluster
     >>> from kahm_dask import DaskKAHMClassifier
-    >>> from kahm_dask.datasets import load_bundled, split_and_scale
-    >>> split = split_and_scale(*load_bundled("iris"))
+    >>> from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
+    >>> split = split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
     >>> cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
     >>> client = Client(cluster)
-    >>> X = da.from_array(split.X_train, chunks=(50, -1))
-    >>> clf = DaskKAHMClassifier(n_components=4, random_state=0).fit(X, split.y_train)
-    >>> pred = clf.predict(da.from_array(split.X_test, chunks=(25, -1)))  # lazy
-    >>> isinstance(pred, da.Array), bool((pred.compute() == split.y_test).mean() >= 0.9)
+    >>> # name=False: random task names (dask's default names a chunk by a hash of its private content)
+    >>> X = da.from_array(split.X_train, chunks=(300, -1), name=False)
+    >>> clf = DaskKAHMClassifier(n_components=10, random_state=0).fit(X, split.y_train)
+    >>> pred = clf.predict(da.from_array(split.X_test, chunks=(300, -1), name=False))  # lazy
+    >>> isinstance(pred, da.Array), bool((pred.compute() == split.y_test).mean() >= 0.95)
     (True, True)
     >>> client.close(); cluster.close()
     """
@@ -290,6 +298,8 @@ persist_fraction
         persist_fraction: float = 0.25,
         n_probe: int | None = None,
         eval_dtype: str = "float64",
+        ledger="auto",
+        budget: tuple[float, float] | None = None,
         insecure_noise_seed: int | None = None,
         store_dir: str | os.PathLike | None = None,
         chunk_rows: int | None = None,
@@ -321,6 +331,8 @@ persist_fraction
         self.persist_fraction = persist_fraction
         self.n_probe = n_probe
         self.eval_dtype = eval_dtype
+        self.ledger = ledger
+        self.budget = budget
         self.insecure_noise_seed = insecure_noise_seed
         self.store_dir = store_dir
         self.chunk_rows = chunk_rows
@@ -335,22 +347,26 @@ persist_fraction
         name = type(self).__name__
         validate_parameter_constraints(self._parameter_constraints, self.get_params(deep=False), name)
         _scheduler_security(self.scheduler, self.security)  # before any file is written
+        check_budget(self.budget, "budget")
         return check_r_value(self.r_source, self.r_value, name)
 
     @classmethod
-    def from_config(cls, cfg: PipelineConfig, *, bounds=None) -> DaskKAHMClassifier:
+    def from_config(cls, cfg: PipelineConfig, *, bounds=None, d=None) -> DaskKAHMClassifier:
         """The estimator a pipeline file describes: its ``model``, ``privacy`` and ``partition``
         sections and its ``seed`` (the one translation of a pipeline file into parameters, used by
-        ``kahm-dask run``); ``bounds``: the DP release's feature bounds, as the run found them."""
+        ``kahm-dask run``); ``bounds`` and ``d``: the DP release's feature bounds and adjacency
+        bound in feature units, as the run found them (None: ``privacy.d`` as written)."""
         m, p, part = cfg.model, cfg.privacy, cfg.partition
         return cls(
             n_components=m.n_components, n_layers=m.n_layers, block_size=m.block_size, random_state=cfg.seed,
-            epsilon=p.epsilon, delta=p.delta, bounds=bounds, d=p.d, dp_data=p.dp_data, r_source=p.r_source,
+            epsilon=p.epsilon, delta=p.delta, bounds=bounds, d=p.d if d is None else d, dp_data=p.dp_data,
+            r_source=p.r_source,
             r_value=p.r_value, cluster_on=p.cluster_on, max_passes=p.max_passes, s_rule=m.s_rule, n_init=m.n_init,
             kmeans_dims=m.kmeans_dims, min_cluster_size=m.min_cluster_size,
             oversampling_factor=part.oversampling_factor, init_max_iter=part.init_max_iter,
             kmeans_max_iter=part.max_iter, max_cluster_rows=part.max_cluster_rows,
             persist_fraction=part.persist_fraction, n_probe=m.n_probe, eval_dtype=m.eval_dtype,
+            ledger="auto" if p.ledger_dir is None else str(p.ledger_dir),
         )
 
     def train_settings(
@@ -362,7 +378,8 @@ persist_fraction
 
         bounds_source : where ``bounds`` come from, for the privacy statement
             (:data:`~kahm_dask.privacy.bounds.BOUNDS_PUBLIC` when None and bounds are given).
-        budget : (ε, δ) of the training store's privacy ledger; a release beyond it is refused.
+        budget : (ε, δ) cap of the training rows' privacy ledger (None: the ``budget``
+            parameter); a release beyond it is refused before any noise is drawn.
         """
         r_value = self._check_params()
         params = TrainParams(
@@ -392,13 +409,14 @@ persist_fraction
             kmeans_max_iter=self.kmeans_max_iter,
             max_cluster_rows=self.max_cluster_rows,
             kmeans_persist_fraction=self.persist_fraction,
-            budget=None if budget is None else (float(budget[0]), float(budget[1])),
+            ledger=self.ledger,
+            budget=check_budget(self.budget if budget is None else budget),
             insecure_noise_seed=self.insecure_noise_seed,
         )
 
     def fit_store(
         self, store: DatasetStore, model_path: LocationLike, work_path: LocationLike, *,
-        client: Client | None = None, progress: bool = False, bounds_source: str | None = None,
+        client: Client | None = None, progress: Progress | bool = False, bounds_source: str | None = None,
         budget: tuple[float, float] | None = None,
     ) -> dict:
         """Train on the dataset ``store`` into the model store ``model_path``, with the private work
@@ -410,11 +428,9 @@ persist_fraction
         where the stores live. Finished clusters already in ``model_path`` are kept (a rerun resumes).
         """
         settings = self.train_settings(bounds_source=bounds_source, budget=budget)
-        summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress)
-        manifest = read_manifest(model_path)
-        manifest[ESTIMATOR_PARAMS_KEY] = self._stored_params(seed=summary["seed"])
-        write_manifest(model_path, manifest)
-        self._set_fitted(model_path, manifest)
+        summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
+                                 manifest_extra=lambda seed: {ESTIMATOR_PARAMS_KEY: self._stored_params(seed=seed)})
+        self._set_fitted(model_path, read_manifest(model_path))
         return summary
 
     def _store_root(self) -> Location:
@@ -445,13 +461,14 @@ persist_fraction
         source = self._training_source(X, y)
         root = self._store_root()
         work, model = root / WORK, root / MODEL
-        for stale in (work, model):  # a fit starts afresh (new noise, new k-means)
-            stale.remove()
-        with _training_client(self.scheduler, self.security) as client:
-            store = source if isinstance(source, DatasetStore) else write_dataset(
-                root / DATA, *source, chunk_rows=self.chunk_rows, overwrite=True
-            )
-            self.fit_store(store, model, work, client=client)
+        with exclusive(root.path if root.is_local else None, "store_dir"):
+            for stale in (work, model):  # a fit starts afresh (new noise, new k-means)
+                stale.remove()
+            with _training_client(self.scheduler, self.security) as client:
+                store = source if isinstance(source, DatasetStore) else write_dataset(
+                    root / DATA, *source, chunk_rows=self.chunk_rows, overwrite=True
+                )
+                self.fit_store(store, model, work, client=client)
         return self
 
     def _training_source(self, X, y) -> DatasetStore | tuple[Any, Any]:
@@ -530,7 +547,9 @@ persist_fraction
             return open_dataset(X, storage_options=self.storage_options).X(), True
         X = validate_data(self, X, dtype=np.float64, reset=False)
         rows = rows_per_chunk(self.chunk_rows, X.shape[0], X.shape[1], X.dtype)
-        return da.from_array(X, chunks=(rows, -1)), False
+        # a random name: dask's default is a hash of the content, which would name private rows
+        # in every task key (seen by the scheduler and its dashboard)
+        return da.from_array(X, chunks=(rows, -1), name=f"kahm-queries-{uuid.uuid4().hex}"), False
 
     def _result(self, job: da.Array, lazy: bool) -> da.Array | np.ndarray:
         """``job`` itself for lazy input (the caller computes it), else computed: on a connection

@@ -73,6 +73,8 @@ from distributed import Client
 from distributed.deploy import Cluster
 
 from kahm_dask._atomic import atomic_directory, write_json_atomic, write_text_atomic
+from kahm_dask._locks import exclusive
+from kahm_dask._private import make_private, private_directory
 from kahm_dask.federated import (
     FederatedDecision,
     SiteAnswer,
@@ -95,6 +97,7 @@ from kahm_dask.pipeline.config import (
 from kahm_dask.pipeline.data import OWNER, prepare_stores
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import class_distance_array
+from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.run import (
     RunPaths,
     Stopwatch,
@@ -325,7 +328,7 @@ def write_site_stores(
         if path.exists():
             stores.append(open_dataset(path))
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_directory(path.parent)
         with _outside_the_sites(pin):
             stores.append(write_dataset(path, X[rows], labels[rows], source=f"site{q}",
                                         feature_range=feature_range))
@@ -341,7 +344,7 @@ def train_site(
     *,
     partition: np.ndarray | None = None,
     pin: bool = False,
-    progress: bool = False,
+    progress: Progress | bool = False,
 ) -> dict:
     """Train site q's model store from its store; with ``pin`` every task carries the resource
     ``site{q}``. ``directory``: the site's :class:`~kahm_dask.pipeline.run.RunPaths` (model
@@ -494,7 +497,7 @@ def run_federated_pipeline(
     cfg: FederatedPipelineConfig,
     client: Client | None,
     *,
-    progress: bool = True,
+    progress: Progress | bool = True,
     site_partitions: Sequence[np.ndarray | None] | None = None,
     insecure_noise_seed: int | None = None,
 ) -> dict:
@@ -506,7 +509,23 @@ def run_federated_pipeline(
     :class:`~kahm_dask.federated.FederatedClassifier` given the same labels).
     ``insecure_noise_seed`` : tests only (voids the guarantee, warns): site q's noise from
     ``site_noise_seed(insecure_noise_seed, q)``, as :func:`~kahm_dask.federated.fit_sites`.
+    The run folder is locked for the run; the coordinator's and every site's ``owner/`` folder
+    and the answer stores are private by file mode (0700 / 0600).
     """
+    root = Path(cfg.output)
+    with exclusive(root, "the run folder"):
+        try:
+            return _run_federated(cfg, client, as_progress(progress), site_partitions, insecure_noise_seed)
+        finally:
+            sites = root / "sites"
+            for private in (root / OWNER, *sites.glob("site*/owner"), *sites.glob("site*/answers")):
+                make_private(private)
+
+
+def _run_federated(
+    cfg: FederatedPipelineConfig, client: Client | None, progress: Progress,
+    site_partitions: Sequence[np.ndarray | None] | None, insecure_noise_seed: int | None,
+) -> dict:
     fed = cfg.federation
     private = cfg.privacy.epsilon is not None
     paths = run_paths(cfg.output, False)  # the coordinator's folders: nothing is published
@@ -516,7 +535,7 @@ def run_federated_pipeline(
     if fed.pin_sites:
         check_site_resources(client, fed.sites)
     clock = Stopwatch()
-    with clock.stage("ingest"):
+    with clock.stage("ingest"), progress.stage(f"ingest and split into {fed.sites} sites (private stores)"):
         with _outside_the_sites(fed.pin_sites):
             train, test = prepare_stores(cfg, paths.root)
         labels = train.labels()
@@ -539,6 +558,7 @@ def run_federated_pipeline(
                                          else site_noise_seed(insecure_noise_seed, q)),
                 )
                 part = None if site_partitions is None else site_partitions[q]
+                progress.note(f"  site {q}: {store.n_samples} training rows")
                 summary = train_site(q, store, folders[q], settings, client, partition=part,
                                      pin=fed.pin_sites, progress=progress)
                 write_statement(folders[q], summary)
@@ -546,7 +566,7 @@ def run_federated_pipeline(
                 log.info("site %d: %d rows, %d clusters", q, store.n_samples, summary["n_clusters"])
 
     model_paths = [f.model for f in folders]
-    with clock.stage("predict"):
+    with clock.stage("predict"), progress.stage(f"predict: {fed.sites} sites answer, then combine"):
         decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
                                      pin=fed.pin_sites, n_probe=cfg.model.n_probe,
                                      eval_dtype=cfg.model.eval_dtype)
@@ -558,14 +578,15 @@ def run_federated_pipeline(
         "site_wins": np.bincount(group[SITE][...], minlength=fed.sites).tolist(),
     }
     if cfg.evaluate.membership:
-        per_site = [
-            site_membership(q, store, model_paths[q], answer_path(model_paths[q], "test"),
-                            folders[q].owner / "membership.json", client,
-                            max_train_rows=cfg.evaluate.max_train_rows,
-                            seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe,
-                            eval_dtype=cfg.model.eval_dtype)
-            for q, store in enumerate(stores)
-        ]
+        with progress.stage("membership metrics, site by site (owner only)"):
+            per_site = [
+                site_membership(q, store, model_paths[q], answer_path(model_paths[q], "test"),
+                                folders[q].owner / "membership.json", client,
+                                max_train_rows=cfg.evaluate.max_train_rows,
+                                seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe,
+                                eval_dtype=cfg.model.eval_dtype)
+                for q, store in enumerate(stores)
+            ]
         quality.update(membership_summary(per_site))
         quality["site_membership"] = quality.pop("sites")
 

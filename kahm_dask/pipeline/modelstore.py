@@ -246,11 +246,11 @@ def write_manifest(model_path: LocationLike, manifest: dict, *, storage_options:
 
 
 def mark_model_complete(model_path: LocationLike, *, storage_options: Options = None) -> None:
-    """Write the top-level completion marker of a remote model store (last, when every cluster
-    is written); nothing for a local one (its readers need no marker)."""
+    """Write the top-level completion marker of a model store (last, when every cluster is
+    written). A remote store's readers require it; a local store is complete once it is moved
+    to its final path, and the marker lets a staged copy be told from a finished one."""
     path = as_location(model_path, storage_options)
-    if not path.is_local:
-        (path / _COMPLETE).write_json({"complete": True, "time": datetime.now(UTC).isoformat()})
+    (path / _COMPLETE).write_json({"complete": True, "time": datetime.now(UTC).isoformat()})
 
 
 def read_manifest(model_path: LocationLike, *, storage_options: Options = None) -> dict:

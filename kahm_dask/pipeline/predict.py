@@ -23,6 +23,7 @@ from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.location import Location, LocationLike, as_location, committed_directory
 from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_location, read_manifest
+from kahm_dask.pipeline.progress import Progress
 from kahm_dask.routing import routed_minimum
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
@@ -114,19 +115,38 @@ def class_distance_array(
     return da.stack(columns, axis=1).rechunk({1: -1})
 
 
+#: Attribute that marks a Zarr group as a prediction store (a later prediction may replace it).
+PREDICTION_MARK = "kahm_dask_predictions"
+
+
+def check_prediction_target(out: Location) -> None:
+    """Raise FileExistsError unless ``out`` is free or a prediction store written here."""
+    if not out.exists():
+        return
+    try:
+        attrs = zarr.open_group(out.zarr_store(read_only=True), mode="r", zarr_format=3).attrs.asdict()
+    except (ValueError, FileNotFoundError, NotADirectoryError, OSError):
+        attrs = {}
+    if not attrs.get(PREDICTION_MARK) and not {"classes"} <= set(attrs):
+        raise FileExistsError(f"{out} exists and is not a kahm-dask prediction store; choose another path "
+                              "or delete it yourself.")
+
+
 def predict_to_store(
     model_path: LocationLike,
     X: da.Array,
     out_path: LocationLike,
     client=None,
     *,
-    progress: bool = False,
+    progress: Progress | bool = False,
     n_probe: int | None = None,
     eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
 ) -> zarr.Group:
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
+    ``out_path`` must be free or hold earlier predictions (a prediction store is replaced, any
+    other file or folder is refused before anything runs).
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
     scheduler; ``n_probe`` routes and ``eval_dtype`` sets the precision as in
     :func:`class_distance_array`. Written under a temporary
@@ -138,13 +158,15 @@ def predict_to_store(
     ``classes`` (the labels the codes index).
     """
     model_path = as_location(model_path, storage_options)
+    out = as_location(out_path, storage_options)
+    check_prediction_target(out)
     D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype)
     codes = D.argmin(axis=1).astype(np.int64)
-    out = as_location(out_path, storage_options)
     with committed_directory(out) as tmp:
         group = zarr.open_group(tmp.zarr_store(), mode="w", zarr_format=3)
         d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
         p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
-        compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress)
-        group.attrs["classes"] = read_manifest(model_path)["classes"]
+        compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress,
+                label=f"predict {D.shape[0]} rows")
+        group.attrs.update({"classes": read_manifest(model_path)["classes"], PREDICTION_MARK: True})
     return zarr.open_group(out.zarr_store(read_only=True), mode="r", zarr_format=3)

@@ -36,10 +36,13 @@ import dask.array as da
 import numpy as np
 import zarr
 from distributed import Client
+from threadpoolctl import threadpool_limits
 
+from kahm_dask._locks import exclusive
+from kahm_dask._private import make_private, private_directory
 from kahm_dask.federated import membership_fields
 from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores
+from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
 from kahm_dask.pipeline.estimator import DaskKAHMClassifier
 from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import (
@@ -48,8 +51,10 @@ from kahm_dask.pipeline.predict import (
     class_distance_array,
     predict_to_store,
 )
+from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.store import DatasetStore
 from kahm_dask.pipeline.train import TrainSettings
+from kahm_dask.privacy.bounds import BOUNDS_PUBLIC, FeatureBounds
 from kahm_dask.privacy.membership import (
     membership_attack_from_distances,
     membership_inference_from_distances,
@@ -113,8 +118,8 @@ class RunPaths:
         return self.public / "PRIVACY.md"
 
     def make_dirs(self) -> None:
-        """Create ``owner/`` and, for a DP run, ``public/``."""
-        self.owner.mkdir(parents=True, exist_ok=True)
+        """Create ``owner/`` (0700: private by file mode) and, for a DP run, ``public/``."""
+        private_directory(self.owner)
         if self.private:
             self.public.mkdir(parents=True, exist_ok=True)
 
@@ -131,16 +136,23 @@ def estimator_from_config(
     (:meth:`~kahm_dask.DaskKAHMClassifier.from_config`), and where its bounds come from.
 
     For a DP run the feature bounds come from :func:`~kahm_dask.pipeline.data.feature_bounds`
-    (given the training store ``train``); without ``train`` they are left to
-    :func:`~kahm_dask.pipeline.train.release_bounds` (the store's public feature range, else
-    its private min/max, with a warning).
+    (given the training store ``train``) as a :class:`~kahm_dask.privacy.bounds.FeatureBounds`
+    with their scaling, and ``privacy.d`` (raw units) is turned into feature units
+    (:func:`~kahm_dask.pipeline.data.scaled_d`); without ``train`` the bounds are left to
+    :func:`~kahm_dask.pipeline.train.release_bounds` (the store's public feature range, else its
+    private min/max, with a warning).
     """
     bounds = source = None
-    if cfg.privacy.epsilon is not None and train is not None:
-        found = feature_bounds(cfg.data, train.n_features, train)
+    private = cfg.privacy.epsilon is not None
+    n_features = None if train is None else train.n_features
+    if private and train is not None:
+        found = feature_bounds(cfg.data, n_features, train)
         if found is not None:
-            bounds, source = (found[0], found[1]), found[2]
-    return DaskKAHMClassifier.from_config(cfg, bounds=bounds), source
+            bounds = FeatureBounds(found.lower, found.upper, public=found.source == BOUNDS_PUBLIC,
+                                   scaling=found.scaling)
+            source = found.source
+    d = cfg.privacy.d if not private or n_features is None else scaled_d(cfg.data, cfg.privacy.d, n_features)
+    return DaskKAHMClassifier.from_config(cfg, bounds=bounds, d=d), source
 
 
 def settings_from_config(cfg: PipelineConfig, train: DatasetStore | None = None) -> TrainSettings:
@@ -173,8 +185,9 @@ def settings_fields(cfg: PipelineConfig, client: Client | None) -> dict:
 
 def release_fields(privacy: Sequence[dict | None]) -> dict:
     """``d``, ``bounds`` and ``bounds_source`` of the DP releases of a run's models (the
-    ``privacy`` of their training summaries; none for a non-private run): one value when every
-    model used the same, else one per model (e.g. bounds each site took from its own rows)."""
+    ``privacy`` of their training summaries; none for a non-private run), and ``d_raw``,
+    ``bounds_raw`` in the raw units when the scaling is public: one value when every model used
+    the same, else one per model (e.g. bounds each site took from its own rows)."""
     if not privacy or privacy[0] is None:
         return {}
     statements = [p["statement"] for p in privacy]
@@ -183,6 +196,9 @@ def release_fields(privacy: Sequence[dict | None]) -> dict:
         "bounds": [[s["mechanism"]["lower"], s["mechanism"]["upper"]] for s in statements],
         "bounds_source": [s["bounds_source"] for s in statements],
     }
+    if all(s.get("raw") for s in statements):  # the same in the owner's raw units
+        per_model["d_raw"] = [s["raw"]["d"] for s in statements]
+        per_model["bounds_raw"] = [[s["raw"]["raw_lower"], s["raw"]["raw_upper"]] for s in statements]
     return {k: v[0] if all(x == v[0] for x in v) else v for k, v in per_model.items()}
 
 
@@ -239,7 +255,10 @@ def evaluate(
     d_test = np.min(group[DISTANCES][...], axis=1)
     X = member_rows(train, max_train_rows, seed)
     d_train = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype).min(axis=1).compute()
-    metrics.update(membership_metrics(d_train, d_test, seed))
+    # one BLAS thread in the client: its small eigendecompositions stall with two threads on a
+    # busy machine (measured: 57 s instead of 1.2 s for the quickstart's metric)
+    with threadpool_limits(limits=1, user_api="blas"):
+        metrics.update(membership_metrics(d_train, d_test, seed))
     return metrics, d_train, d_test
 
 
@@ -306,13 +325,27 @@ def _fabricated_samples(model_path: Path, k: int = 4) -> dict:
     return fabricated
 
 
-def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: bool = True) -> dict:
+def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: Progress | bool = True) -> dict:
     """Run a whole pipeline config on ``client``; returns the metrics written to report.json
-    (in ``<output>/owner``; the publishable part is in ``<output>/public``)."""
+    (in ``<output>/owner``; the publishable part is in ``<output>/public``).
+
+    The run folder is locked for the run (a second concurrent run on it is refused at once) and
+    its ``owner/`` folder is private by file mode (folders 0700, files 0600). ``progress``: a
+    :class:`~kahm_dask.pipeline.progress.Progress` naming every stage (True: the console).
+    """
+    progress = as_progress(progress)
     paths = run_paths(cfg.output, cfg.privacy.epsilon is not None)
-    paths.make_dirs()
+    with exclusive(paths.root, "the run folder"):
+        paths.make_dirs()
+        try:
+            return _run(cfg, client, paths, progress)
+        finally:
+            make_private(paths.owner)
+
+
+def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: Progress) -> dict:
     clock = Stopwatch()
-    with clock.stage("ingest"):
+    with clock.stage("ingest"), progress.stage("ingest (private stores)"):
         train, test = prepare_stores(cfg, paths.root)
     log.info("data: %d training rows, %d test rows, %d features", train.n_samples, test.n_samples, train.n_features)
 
@@ -323,11 +356,13 @@ def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: bool =
     with clock.stage("predict"):
         predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress,
                          n_probe=cfg.model.n_probe, eval_dtype=cfg.model.eval_dtype)
-    quality, d_train, d_test = evaluate(
-        paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
-        max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
-        eval_dtype=cfg.model.eval_dtype,
-    )
+    label = "membership metrics (owner only)" if cfg.evaluate.membership else "accuracy (owner only)"
+    with progress.stage(label):
+        quality, d_train, d_test = evaluate(
+            paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
+            max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
+            eval_dtype=cfg.model.eval_dtype,
+        )
     metrics = report_metrics(
         cfg, client, quality, clock.seconds, train, test, [summary], seed=summary["seed"],
         fit_details={

@@ -11,9 +11,11 @@ A dataset store is a Zarr v3 group on the local filesystem or at a URL fsspec re
 
 ``attrs["kahm_dask"]`` holds ``format_version`` (1), ``n_samples``, ``n_features``,
 ``classes`` (JSON list of ints or of strings, position = code), ``class_counts`` (list
-aligned with ``classes``), ``source``, ``created`` (ISO 8601, UTC) and, only when the
-caller passes a public range, ``feature_range`` ({"min": [...], "max": [...]}). The
-minimum and maximum of the private data are never computed or stored: they are private.
+aligned with ``classes``), ``source``, ``created`` (ISO 8601, UTC), ``fingerprint`` (the data
+set's identity for its privacy ledger and stored noise, :mod:`kahm_dask.privacy.fingerprint`; a
+hash of the private rows, so private like the store) and, only when the caller passes a public
+range, ``feature_range`` ({"min": [...], "max": [...]}). The minimum and maximum of the private
+data are never computed or stored: they are private.
 
 Stores are created in a temporary hidden sibling directory ``.<name>.tmp-<uuid>`` and
 renamed into place when complete (:func:`kahm_dask._atomic.atomic_directory`), so an
@@ -40,10 +42,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import zarr
 
+from kahm_dask._private import make_private, private_directory
 from kahm_dask.pipeline.location import (
     COMPLETE_FILE,
     Location,
@@ -54,14 +58,17 @@ from kahm_dask.pipeline.location import (
 )
 from kahm_dask.pipeline.rows import label_array, rows_per_chunk
 from kahm_dask.pipeline.sources import Source, array_source, dask_source, resolve_source
+from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
 
 __all__ = [
     "FORMAT_VERSION",
     "StoreError",
+    "StoreExistsError",
     "DatasetStore",
     "write_dataset",
     "ingest",
     "open_dataset",
+    "array_fingerprint",
     "mark_complete",
     "is_complete",
 ]
@@ -74,6 +81,10 @@ PathLike = str | os.PathLike[str]
 
 class StoreError(ValueError):
     """A path is not a valid, consistent kahm-dask store (the message says why)."""
+
+
+class StoreExistsError(FileExistsError):
+    """The target of a new store exists and replacing it was not asked for (``overwrite``)."""
 
 
 # --------------------------------------------------------------------------- the store
@@ -150,6 +161,18 @@ class DatasetStore:
         data = self._array("X").oindex[unique]
         return np.asarray(data, dtype=np.float64)[inverse]
 
+    def fingerprint(self) -> DataFingerprint:
+        """The data set's :class:`~kahm_dask.privacy.fingerprint.DataFingerprint` (private: it
+        stays on the owner's side): recorded when the store was written, else computed now
+        (one pass over X, on the current Dask scheduler)."""
+        stored = self.attrs.get("fingerprint")
+        if stored is not None:
+            try:
+                return DataFingerprint.from_dict(stored)
+            except (ValueError, KeyError, TypeError):
+                pass  # another version of the construction: compute this one
+        return array_fingerprint(self.X())
+
     def read_slice(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of X as float64 array of shape (stop - start, p)."""
         if not 0 <= start <= stop <= self.n_samples:
@@ -166,6 +189,21 @@ class DatasetStore:
 # --------------------------------------------------------------------- public functions
 
 
+def _block_sums(x: np.ndarray, block_info=None) -> np.ndarray:
+    return partial_sums(x, block_info[0]["array-location"][0][0])[None, :]
+
+
+def array_fingerprint(X: da.Array) -> DataFingerprint:
+    """The fingerprint of a dask array X (N, p), block by block (memory: one block) on the
+    current scheduler; equal to :func:`~kahm_dask.privacy.fingerprint.fingerprint` of the same
+    values in memory, whatever the chunks."""
+    X = X.rechunk({1: -1})
+    parts = X.map_blocks(_block_sums, chunks=((1,) * X.numblocks[0], (4,)), dtype=np.uint64,
+                         meta=np.empty((0, 0), np.uint64))
+    return combine(np.asarray(dask.compute(parts)[0]), *X.shape)
+
+
+
 def write_dataset(
     path: PathLike,
     X: Any,
@@ -176,6 +214,7 @@ def write_dataset(
     source: str = "array",
     overwrite: bool = False,
     feature_range: tuple[Any, Any] | None = None,
+    scaling: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> DatasetStore:
     """Write X (N, p) and labels y (N,) to a new dataset store at ``path`` (a local path or a
@@ -185,7 +224,10 @@ def write_dataset(
     as a memmap) or a Dask array; Dask arrays are written chunk by chunk in parallel and
     never loaded whole. ``y`` (ints or strings) must fit in memory. ``chunk_rows``
     defaults to about 32 MiB per chunk. ``feature_range`` is an optional *public*
-    (min, max) pair, each a scalar or shape (p,). The write is atomic (see module doc).
+    (min, max) pair, each a scalar or shape (p,); ``scaling`` how the features were made from
+    public raw bounds (:meth:`kahm_dask.privacy.bounds.Scaling.describe`), for the privacy
+    statement's raw units. The write is atomic (see module doc); a local store is private by
+    file mode (folders 0700, files 0600).
     """
     target = np.dtype(_check_dtype(dtype))
     if isinstance(X, da.Array):
@@ -194,7 +236,7 @@ def write_dataset(
         src = array_source(X, y, source)
     return _build_store(
         as_location(path, storage_options), src, chunk_rows=chunk_rows, dtype=target, overwrite=overwrite,
-        feature_range=feature_range,
+        feature_range=feature_range, scaling=scaling,
     )
 
 
@@ -302,6 +344,7 @@ def _build_store(
     dtype: np.dtype,
     overwrite: bool,
     feature_range: tuple[Any, Any] | None,
+    scaling: Mapping[str, Any] | None = None,
 ) -> DatasetStore:
     """Write ``src`` into a temporary store and move it to ``path`` when complete.
 
@@ -314,6 +357,8 @@ def _build_store(
     feature_range_attr = _feature_range(feature_range, src.n_features)
     _check_target(target, overwrite)
     with committed_directory(target) as tmp:
+        if tmp.is_local:
+            private_directory(tmp.path)  # 0700 before the first row is written
         group = zarr.open_group(tmp.zarr_store(), mode="w-", zarr_format=3)
         x = group.create_array("X", shape=(0, src.n_features), chunks=(rows, src.n_features),
                                dtype=dtype)
@@ -331,9 +376,15 @@ def _build_store(
         }
         if feature_range_attr is not None:
             attrs["feature_range"] = feature_range_attr
+        if scaling is not None:
+            attrs["scaling"] = dict(scaling)
+        url, storage_options = tmp.dask_target()
+        attrs["fingerprint"] = array_fingerprint(da.from_zarr(url, component="X", storage_options=storage_options)
+                                                 ).to_dict()
         group.attrs[ATTRS_KEY] = attrs
         if target.is_local:
             _check_target(target, overwrite)  # the path may have appeared while writing
+            make_private(tmp.path)
     return open_dataset(target)
 
 
@@ -383,8 +434,8 @@ def _check_target(path: Location, overwrite: bool) -> None:
     if not path.exists():
         return
     if not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it "
-                              "or choose another path.")
+        raise StoreExistsError(f"{path} already exists; pass overwrite=True to replace it "
+                               "or choose another path.")
     if not (path / "zarr.json").exists():
         raise FileExistsError(f"Refusing to overwrite {path}: it is not a Zarr store. "
                               "Delete it yourself or choose another path.")

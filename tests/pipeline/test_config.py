@@ -454,7 +454,22 @@ def test_shipped_pipeline_files_are_valid(name):
     assert cfg.name and cfg.output
 
 
-DP_PIPELINES = {"quickstart.yaml": 64, "breast_cancer.yaml": 30, "mnist_idx.yaml": 784}
+DP_PIPELINES = {"quickstart.yaml": 64, "mnist_idx.yaml": 784}
+
+
+def test_breast_cancer_pipeline_says_its_bounds_are_data_derived_and_warns():
+    """Its "documented" bounds were the data set's own min/max rounded outward (6.9 against its
+    minimum 6.981), labelled public: now the file says they are data-derived and the run warns."""
+    from kahm_dask.pipeline.data import feature_bounds
+    from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING
+    from kahm_dask.privacy.randomness import PrivacyLeakWarning
+
+    path = Path(__file__).parents[2] / "pipelines" / "breast_cancer.yaml"
+    assert "DATA-DERIVED" in path.read_text()
+    cfg = load_config(path)
+    assert cfg.data.bounds is None and cfg.data.scale == "minmax"
+    with pytest.warns(PrivacyLeakWarning, match="private"):
+        assert feature_bounds(cfg.data, 30).source == BOUNDS_PRIVATE_SCALING
 
 
 @pytest.mark.parametrize("name", sorted(DP_PIPELINES))
@@ -471,7 +486,7 @@ def test_shipped_dp_pipelines_use_public_bounds(name):
     assert cfg.privacy.r_source == "passes" and cfg.privacy.cluster_on == "noisy"
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyLeakWarning)
-        lower, upper, source = feature_bounds(cfg.data, DP_PIPELINES[name])
+        lower, upper, source, _ = feature_bounds(cfg.data, DP_PIPELINES[name])
     assert source == BOUNDS_PUBLIC and lower.shape == (DP_PIPELINES[name],)
     if name == "mnist_idx.yaml":
         import numpy as np
@@ -482,20 +497,6 @@ def test_shipped_dp_pipelines_use_public_bounds(name):
 def test_large_synthetic_bounds_are_the_generators_range():
     cfg = load_config(Path(__file__).parents[2] / "pipelines" / "large_synthetic.yaml")
     assert cfg.data.bounds == [0, 1] and cfg.data.scale == "none"
-
-
-def test_breast_cancer_bounds_cover_the_data_set():
-    """The file's bounds come from the data set's documented ranges, rounded outward: they
-    hold every row (a real owner states them from domain knowledge)."""
-    import numpy as np
-    from sklearn.datasets import load_breast_cancer
-
-    from kahm_dask.pipeline.data import raw_bounds
-
-    cfg = load_config(Path(__file__).parents[2] / "pipelines" / "breast_cancer.yaml")
-    lower, upper = raw_bounds(cfg.data, 30)
-    X = load_breast_cancer().data
-    assert np.all(X >= lower) and np.all(X <= upper)
 
 
 def test_own_npz_template_asks_for_bounds():

@@ -15,9 +15,10 @@ from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.data import feature_bounds, prepare_stores, raw_bounds
 from kahm_dask.pipeline.run import settings_from_config
-from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC
+from kahm_dask.pipeline.store import open_dataset, write_dataset
+from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from tests._ledgers import ledger_of
 
 
 def _cfg(tmp_path, data: dict, epsilon=2.0) -> PipelineConfig:
@@ -60,7 +61,7 @@ def test_raw_rows_are_clipped_to_the_bounds(tmp_path):
     for store in (train, test):
         Z = store.X().compute()
         assert Z.min() >= 0 and Z[:, :2].max() <= 10 and Z[:, 2].max() <= 20
-    lower, upper, source = feature_bounds(cfg.data, 3, train)
+    lower, upper, source, _ = feature_bounds(cfg.data, 3, train)
     assert source == BOUNDS_PUBLIC and upper.tolist() == [10.0, 10.0, 20.0]
 
 
@@ -74,7 +75,7 @@ def test_tanh255_implies_pixel_bounds(tmp_path):
     Z = train.X().compute()
     assert Z.max() <= np.tanh(1.0) and Z.min() >= 0  # 300 clipped to 255, -4 to 0
     with _no_leak_warning():
-        lower, upper, source = feature_bounds(cfg.data, 3)
+        lower, upper, source, _ = feature_bounds(cfg.data, 3)
     assert source == BOUNDS_PUBLIC and np.allclose(upper, np.tanh(1.0)) and np.all(lower == 0)
 
 
@@ -85,7 +86,7 @@ def test_minmax_without_bounds_is_private_and_warns(tmp_path):
     assert "feature_range" not in train.attrs
     with pytest.warns(PrivacyLeakWarning, match="data.bounds"):
         settings = settings_from_config(cfg, train)
-    assert settings.bounds_source == BOUNDS_PRIVATE
+    assert settings.bounds_source == BOUNDS_PRIVATE_SCALING and not settings.bounds.public
 
 
 def test_none_without_bounds_takes_the_private_min_max(tmp_path):
@@ -93,7 +94,7 @@ def test_none_without_bounds_takes_the_private_min_max(tmp_path):
     cfg = _cfg(tmp_path, {"source": _npz(tmp_path, X, np.arange(40) % 2), "scale": "none"})
     train, _ = prepare_stores(cfg, tmp_path / "run")
     with pytest.warns(PrivacyLeakWarning, match="private data"):
-        lower, upper, source = feature_bounds(cfg.data, 2, train)
+        lower, upper, source, _ = feature_bounds(cfg.data, 2, train)
     Z = train.X().compute()
     assert source == BOUNDS_PRIVATE and np.array_equal(lower, Z.min(0)) and np.array_equal(upper, Z.max(0))
     assert settings_from_config(cfg).bounds is None  # without the store: left to the training stage
@@ -119,7 +120,7 @@ def test_cli_train_bounds_statement_and_budget(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     statement = (tmp_path / "m.zarr.PRIVACY.md").read_text()
     assert "public (stated by the data owner)" in statement and "ε = 2" in statement
-    assert (tmp_path / "s.zarr.privacy-ledger.json").exists()
+    assert ledger_of(open_dataset(tmp_path / "s.zarr")).spent() == (2.0, 0.0)
     args[2] = str(tmp_path / "m2.zarr")  # a second model from the same store: a new release
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 1 and "beyond the budget" in again.output

@@ -39,10 +39,11 @@ from kahm_dask.pipeline.federated import (
     site_membership,
     train_site,
 )
-from kahm_dask.pipeline.store import write_dataset
+from kahm_dask.pipeline.store import open_dataset, write_dataset
 from kahm_dask.pipeline.train import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
+from tests._ledgers import ledger_of
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 NOISE_SEED = 13  # test-only: both paths draw site q's noise from site_noise_seed(13, q)
@@ -222,7 +223,8 @@ def test_federated_pipeline_equals_in_memory_and_keeps_rows_at_their_site(
             assert (site / "public/model.zarr").is_dir()
             assert "Privacy statement" in (site / "public/PRIVACY.md").read_text()
             assert sorted(p.name for p in (site / "public").iterdir()) == ["PRIVACY.md", "model.zarr"]
-            assert list((site / "owner/data").glob("*privacy-ledger.json"))
+            store = open_dataset(site / "owner/data/train.zarr")
+            assert ledger_of(store).spent()[0] == pytest.approx(epsilon, rel=1e-3)
         else:
             assert (site / "owner/model.zarr").is_dir() and not (site / "public").exists()
         answers = zarr.open_group(str(site / "answers/test.zarr"), mode="r")

@@ -1,5 +1,6 @@
-"""The pipeline's DP release: noise never reused, stored noisy rows reused on resume, the
-privacy ledger and its budget, the stored dtype, and what the model store may hold.
+"""The pipeline's DP release: noise never reused, stored noisy rows reused on resume (and only
+on the rows they were drawn for), the data set's privacy ledger and its budget, the stored
+dtype, and what the model store may hold.
 
 Attacks replayed: the old pipeline derived the noise from a seed kept in
 ``work/secret_seed.json`` and regenerated it on every run; the same seed at two runs (or two ε)
@@ -20,14 +21,16 @@ import pytest
 import zarr
 
 from kahm_dask.datasets import make_class_blobs
-from kahm_dask.pipeline.modelstore import cluster_dir, read_manifest
+from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.pipeline.train import NOISY, TrainSettings, noisy_array, train_pipeline
+from kahm_dask.pipeline.train import NOISY, StoredNoiseError, TrainSettings, noisy_array, train_pipeline
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC
-from kahm_dask.privacy.ledger import BudgetExceededError, PrivacyLedger, ledger_path
+from kahm_dask.privacy.ledger import BudgetChangeError, BudgetExceededError
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning, SecureRandom
 from kahm_dask.recipe import TrainParams
+from tests._ledgers import ledger_of
+from tests._staging import interrupt_after_training
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def _marker(root: Path) -> dict:
 
 
 def _ledger(store) -> list[dict]:
-    return PrivacyLedger(ledger_path(store.path)).entries
+    return ledger_of(store).entries
 
 
 def test_resumed_run_reuses_the_stored_noisy_rows(tmp_path, blobs):
@@ -66,7 +69,7 @@ def test_resumed_run_reuses_the_stored_noisy_rows(tmp_path, blobs):
     assert first["privacy"]["noise_reused"] is False
     assert marker["noise_id"] == first["privacy"]["release_id"] and len(marker["noise_id"]) == 32
     assert not np.array_equal(noisy, X)
-    shutil.rmtree(cluster_dir(tmp_path / "run" / "model.zarr", 1, 0))  # a cluster lost mid-run
+    interrupt_after_training(tmp_path / "run" / "model.zarr", tmp_path / "run" / "work", (1, 0))
     second = _train(store, tmp_path / "run", _settings())
     assert second["privacy"]["noise_reused"] is True and second["n_resumed"] == first["n_clusters"] - 1
     assert _noisy(tmp_path / "run").tobytes() == noisy.tobytes()
@@ -79,10 +82,11 @@ def test_incomplete_noisy_rows_are_rewritten_with_fresh_noise(tmp_path, blobs):
     store, _ = blobs
     _train(store, tmp_path / "run", _settings())
     noisy, old_id = _noisy(tmp_path / "run"), _marker(tmp_path / "run")["noise_id"]
-    (tmp_path / "run" / "work" / NOISY / "_COMPLETE.json").unlink()  # killed mid-write
+    (tmp_path / "run" / "work" / NOISY / "_COMPLETE.json").unlink()  # damaged after the run
     # clusters trained on the old draw exist: new noise must not be mixed with them
     with pytest.raises(ValueError, match="new noise cannot be mixed"):
         _train(store, tmp_path / "run", _settings())
+    assert [e["release_id"] for e in _ledger(store)] == [old_id]  # refused before anything was spent
     shutil.rmtree(tmp_path / "run" / "model.zarr")
     summary = _train(store, tmp_path / "run", _settings())
     new_id = _marker(tmp_path / "run")["noise_id"]
@@ -118,6 +122,48 @@ def test_budget_refuses_a_release_beyond_it_before_drawing_noise(tmp_path, blobs
     # the budget is kept in the ledger: a later run without one is refused too
     with pytest.raises(BudgetExceededError):
         _train(store, tmp_path / "c", _settings())
+    # and a caller cannot raise it (a stored (3, 0) was once replaced by (100, 0))
+    with pytest.raises(BudgetChangeError, match="may lower it but not raise it"):
+        _train(store, tmp_path / "d", _settings(budget=(100.0, 0.0)))
+    assert ledger_of(store).budget == (3.0, 0.0) and len(_ledger(store)) == 1
+
+
+def test_the_budget_belongs_to_the_rows_not_to_the_folder_or_the_store(tmp_path, blobs):
+    """Finding 1: two output folders, and a copy of the store, share one ledger: the same rows
+    released twice under a budget of 3 is refused the second time."""
+    store, X = blobs
+    y = store.labels()
+    _train(store, tmp_path / "a", _settings(budget=(3.0, 0.0)))
+    copy = write_dataset(tmp_path / "copy.zarr", X[::-1], y[::-1], chunk_rows=50)  # same rows, another order
+    with pytest.raises(BudgetExceededError, match="1 release"):
+        _train(copy, tmp_path / "b", _settings())
+    assert not (tmp_path / "b" / "work" / NOISY).exists()
+    other = write_dataset(tmp_path / "other.zarr", X[:-1], y[:-1])  # other rows: another data set
+    _train(other, tmp_path / "c", _settings())
+    assert len(_ledger(store)) == 1 and len(_ledger(other)) == 1
+
+
+def test_stored_noise_is_refused_for_changed_rows(tmp_path, blobs):
+    """Finding 4: re-ingesting the store path with other rows (permuted, one entry changed)
+    and resuming refused, saying what changed, with nothing spent."""
+    store, X = blobs
+    y = store.labels()
+    first = _train(store, tmp_path / "run", _settings())
+    release = first["privacy"]["release_id"]
+    cases = {
+        "the same rows in another order": (X[::-1], y[::-1]),
+        "at least one entry differs": (np.where(np.arange(X.size).reshape(X.shape) == 7, 1.0 - X, X), y),
+        "other rows": (X[:200], y[:200]),
+    }
+    for what, (Xc, yc) in cases.items():
+        changed = write_dataset(tmp_path / "train.zarr", Xc, yc, chunk_rows=64, overwrite=True)
+        with pytest.raises(StoredNoiseError, match=what) as err:
+            _train(changed, tmp_path / "run", _settings())
+        assert release in str(err.value) and "new work store" in str(err.value)
+    assert [e["release_id"] for e in _ledger(store)] == [release]
+    # the same rows again (re-ingested unchanged): the stored release is continued
+    same = write_dataset(tmp_path / "train.zarr", X, y, chunk_rows=100, overwrite=True)
+    assert _train(same, tmp_path / "run", _settings())["privacy"]["noise_reused"]
 
 
 def test_other_privacy_settings_draw_new_noise(tmp_path, blobs):

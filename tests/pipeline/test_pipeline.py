@@ -32,6 +32,7 @@ from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
 
 from .._cluster import subprocess_cluster
+from .._staging import interrupt_after_training
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +94,7 @@ def test_resume_recomputes_only_missing_clusters(tmp_path, digits):
     first = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, partition=labels, progress=False)
     assert first["n_resumed"] == 0
     before = load_cluster(cluster_dir(tmp_path / "m.zarr", 3, 1)).distance(digits.X_test)
-    import shutil
-
-    shutil.rmtree(cluster_dir(tmp_path / "m.zarr", 3, 1))  # a cluster lost mid-run
+    interrupt_after_training(tmp_path / "m.zarr", tmp_path / "w", (3, 1))  # a cluster lost mid-run
     second = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, partition=labels, progress=False)
     assert second["n_resumed"] == first["n_clusters"] - 1
     after = load_cluster(cluster_dir(tmp_path / "m.zarr", 3, 1)).distance(digits.X_test)
@@ -215,7 +214,8 @@ def test_cli_run_without_public_bounds_warns_and_says_so(tmp_path):
                                     catch_exceptions=False)
     assert result.exit_code == 0, result.output
     statement = (tmp_path / "run" / "public" / "PRIVACY.md").read_text()
-    assert "from the private data" in statement and "bounds (and d) were taken from the private data" in statement
+    assert "scaled by the training rows' min and max" in statement  # where the bounds came from
+    assert "scaled by the private rows' min and max of each feature" in statement  # the weakening
 
 
 def test_cli_rejects_unknown_yaml_key(tmp_path):

@@ -20,7 +20,6 @@ import kahm_dask.report as report_mod
 from kahm_dask.datasets import load_bundled
 from kahm_dask.pipeline.config import load_config
 from kahm_dask.pipeline.store import open_dataset
-from kahm_dask.privacy.ledger import ledger_path
 
 from ..reliability.conftest import RowScanner
 from ..reliability.conftest import _arrays as _zarr_arrays
@@ -81,18 +80,20 @@ def test_run_folder_is_split_at_the_release_boundary(quickstart_run):
     assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "fabricated.png", "model.zarr"]
     assert {"data", "work", "report.json", "report.md", "distances.png", "predictions.zarr"} <= {
         p.name for p in owner.iterdir()}
-    assert sorted(p.name for p in out.iterdir()) == ["owner", "public"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["owner", "public"]
     report = (owner / "report.md").read_text()
     assert "may be published" in report and "stays with the data owner" in report
     assert "## Privacy statement" in report and "Privacy unit" not in report
     statement = (public / "PRIVACY.md").read_text()
-    assert "public (stated by the data owner)" in statement and "Settings that weaken it**: none" in statement
+    assert "public (stated by the data owner)" in statement and "Settings that weaken it:** none" in statement
     assert metrics["public_dir"] == str(public) and metrics["owner_dir"] == str(owner)
     assert metrics["accuracy"] > 0.85
-    # the ledger lives beside the training store, on the owner's side; one release
-    ledger = json.loads(ledger_path(owner / "data" / "train.zarr").read_text())
-    assert [e["release_id"] for e in ledger["entries"]] == [metrics["privacy"]["release_id"]]
-    assert ledger["entries"][0]["unit"] == "entry" and ledger["entries"][0]["bounds"] == [0.0, 1.0]
+    # the release is in the data set's ledger, in the ledger directory (owner side, 0600)
+    ledger_file = Path(metrics["privacy"]["ledger_path"])
+    entries = {e["release_id"]: e for e in json.loads(ledger_file.read_text())["entries"]}
+    entry = entries[metrics["privacy"]["release_id"]]  # (other tests of this session release digits too)
+    assert entry["unit"] == "entry" and entry["mechanism"]["upper"] == 1.0
+    assert ledger_file.stat().st_mode & 0o077 == 0 and not ledger_file.is_relative_to(public)
     assert not list(out.rglob("secret_seed.json"))
 
 
@@ -120,6 +121,9 @@ def test_no_private_row_in_the_bytes_or_text_of_any_public_file(quickstart_run, 
              and (p.name == "zarr.json" or not any(part.endswith(".zarr") for part in p.relative_to(public).parts))]
     assert {"PRIVACY.md", "fabricated.png", "zarr.json"} <= {p.name for p in files}
     blob = b"\0".join(p.read_bytes() for p in files)
+    # the fingerprint of the training rows is a hash of private data: never published
+    fp = open_dataset(out / "owner" / "data" / "train.zarr").fingerprint()
+    assert fp.rows[:16].encode() not in blob and fp.order[:16].encode() not in blob
     for name, X in private_rows.items():
         for r in X.astype(np.float64):
             assert r.tobytes() not in blob and r.astype(np.float32).tobytes() not in blob, name

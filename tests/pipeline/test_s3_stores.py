@@ -29,6 +29,7 @@ from kahm_dask.pipeline.location import COMPLETE_FILE, as_location
 from kahm_dask.pipeline.modelstore import MANIFEST_KEY, cluster_done, read_manifest
 from kahm_dask.pipeline.store import open_dataset, write_dataset
 from tests._cluster import free_port
+from tests._ledgers import ledger_of
 
 BUCKET = "kahm-test"
 SEED = 0
@@ -115,18 +116,20 @@ def test_fit_from_an_s3_store_predicts_as_from_the_local_one(client, s3, digits,
 
 @pytest.fixture(scope="module")
 def remote_fit(client, s3, iris):
-    """A DP fit with ``store_dir`` on S3 (training rows, work store, ledger and model store there)."""
+    """A DP fit with ``store_dir`` on S3 (training rows, work store and model store there; the
+    ledger in the owner's local ledger directory, where file locks work)."""
     root = _url("run")
     est = DaskKAHMClassifier(**DP, store_dir=root, storage_options=s3)
-    return root, est.fit(iris.X_train, iris.y_train)
+    return root, est.fit(iris.X_train, iris.y_train), ledger_of(iris.X_train)
 
 
 def test_store_dir_on_s3_fits_predicts_saves_and_loads(s3, iris, remote_fit, tmp_path):
-    root, est = remote_fit
+    root, est, ledger = remote_fit
     assert est.model_path_ == f"{root}/model.zarr"
     fs = fsspec.filesystem("s3", **s3)
-    for written in ("train.zarr", "train.zarr.privacy-ledger.json", "work/X_noisy/_COMPLETE.json", "model.zarr"):
+    for written in ("train.zarr", "work/X_noisy/_COMPLETE.json", "model.zarr"):
         assert fs.exists(f"{root}/{written}".removeprefix("s3://")), written
+    assert ledger.spent() == (2.0, 0.0)  # the remote rows' own ledger
     expected = DaskKAHMClassifier(**DP, store_dir=tmp_path / "local").fit(iris.X_train, iris.y_train)
     predicted = est.predict(iris.X_test)
     np.testing.assert_array_equal(predicted, expected.predict(iris.X_test))
@@ -141,7 +144,7 @@ def test_store_dir_on_s3_fits_predicts_saves_and_loads(s3, iris, remote_fit, tmp
 
 
 def test_no_credentials_in_the_stores(s3, remote_fit):
-    root, est = remote_fit
+    root, est, _ = remote_fit
     fs = fsspec.filesystem("s3", **s3)
     manifest = fs.cat_file(f"{est.model_path_}/zarr.json".removeprefix("s3://")).decode()
     assert MANIFEST_KEY in manifest and "storage_options" not in manifest
@@ -169,7 +172,8 @@ def test_cli_ingest_train_predict_on_s3(s3, iris, tmp_path, monkeypatch):
         assert result.exit_code == 0, result.output
     assert read_manifest(model, storage_options=s3)["n_features"] == 4
     fs = fsspec.filesystem("s3", **s3)
-    assert fs.exists(model.removeprefix("s3://").replace("iris-model.zarr", "iris-model.work"))
+    work = fs.ls(store.removeprefix("s3://").replace("iris.zarr", "iris.kahm-work"))  # beside the data, not the model
+    assert len(work) == 1 and work[0].rsplit("/", 1)[-1].startswith("iris-model.zarr-")
     assert (tmp_path / "pred.zarr").is_dir()
     result = run(main, ["predict", model, store, str(tmp_path / "p2.zarr"), "--storage-options", "[1]"])
     assert result.exit_code == 2 and "must be a JSON object" in result.output
@@ -190,7 +194,7 @@ def test_file_urls_are_local_paths(iris, remote_fit, tmp_path):
     assert as_location(url).is_local and as_location(url).path == tmp_path / "iris.zarr"
     write_dataset(url, iris.X_test, iris.y_test)
     assert open_dataset(tmp_path / "iris.zarr").n_samples == len(iris.y_test)
-    _, est = remote_fit
+    _, est, _ = remote_fit
     saved = est.save(f"file://{tmp_path}/model.zarr")
     assert saved == tmp_path / "model.zarr" and not (saved / COMPLETE_FILE).exists()
     loaded = DaskKAHMClassifier.load(f"file://{saved}")
@@ -213,7 +217,7 @@ def test_an_unfinished_remote_write_is_not_a_store(s3, iris, remote_fit):
     with pytest.raises(FileNotFoundError, match="did not finish"):
         open_dataset(url, storage_options=s3)
 
-    _, est = remote_fit
+    _, est, _ = remote_fit
     saved = est.save(_url("model.zarr"))
     fs.rm(f"{saved}/{COMPLETE_FILE}".removeprefix("s3://"))
     with pytest.raises(FileNotFoundError, match="incomplete"):

@@ -24,6 +24,7 @@ from kahm_dask.pipeline.store import (
     open_dataset,
     write_dataset,
 )
+from kahm_dask.privacy.fingerprint import fingerprint
 
 # ------------------------------------------------------------------------ helpers
 
@@ -79,7 +80,8 @@ def test_write_dataset_round_trip_and_attributes(stored) -> None:
     assert attrs["source"] == "array"
     assert "feature_range" not in attrs  # never computed from the private data
     assert set(attrs) == {"format_version", "n_samples", "n_features", "classes",
-                          "class_counts", "source", "created"}
+                          "class_counts", "source", "created", "fingerprint"}
+    assert attrs["fingerprint"]["rows"] == fingerprint(X).rows  # the data set's identity (private)
 
 
 def test_string_labels_float32_and_public_feature_range(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.security import ClusterTLSConfig, TLSConfig, as_security, to_security
 from kahm_dask.pipeline.store import write_dataset
 from tests._cluster import free_port, start_session, stop_sessions
+from tests._ledgers import ledger_of
 from tests._tls import Authority, make_authority
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +177,7 @@ def test_dp_fit_over_mutual_tls(tls_cluster, certs, digits, tmp_path):
     est.fit(digits.X_train, digits.y_train)
     assert est.privacy_statement_.mechanism["epsilon"] == 2.0 and est.privacy_statement_.holds
     assert est.score(digits.X_test, digits.y_test) >= 0.8  # fresh secure noise: typically about 0.93
-    assert (tmp_path / "train.zarr.privacy-ledger.json").is_file()
+    assert ledger_of(digits.X_train).spent() == (2.0, 0.0)  # recorded in the rows' ledger
 
 
 # --------------------------------------------------------------------------- the CLI over TLS

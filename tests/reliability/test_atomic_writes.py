@@ -36,6 +36,7 @@ from kahm_dask._atomic import (
     write_text_atomic,
 )
 from kahm_dask.deep import DeepKAHM
+from kahm_dask.pipeline.location import as_location
 from kahm_dask.pipeline.modelstore import (
     cached_cluster,
     cluster_dir,
@@ -49,6 +50,7 @@ from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import PrivacyLedger
 from kahm_dask.recipe import TrainParams
 from kahm_dask.report import write_privacy_statement, write_report
+from tests._staging import interrupt_after_training
 
 RNG = np.random.default_rng(5)
 
@@ -225,12 +227,12 @@ def test_report_failure_mid_write_keeps_the_old_report(tmp_path, monkeypatch):
 
 
 def test_ledger_failure_mid_write_keeps_the_old_ledger(tmp_path, monkeypatch):
-    path = tmp_path / "data" / "s.zarr.privacy-ledger.json"
-    PrivacyLedger(path, budget=(5.0, 0.0)).record(1.0, 0.0, release_id="a", what="rows")
+    path = tmp_path / "ledgers" / "s.json"
+    PrivacyLedger(path, budget=(5.0, 0.0)).spend(1.0, 0.0, release_id="a", what="rows")
     before = path.read_bytes()
     _fill_disk(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
-        PrivacyLedger(path).record(2.0, 0.0, release_id="b", what="rows")
+        PrivacyLedger(path).spend(2.0, 0.0, release_id="b", what="rows")
     assert path.read_bytes() == before
     assert PrivacyLedger(path).spent() == (1.0, 0.0) and PrivacyLedger(path).budget == (5.0, 0.0)
     assert _leftovers(path.parent) == []
@@ -243,17 +245,18 @@ def test_train_seed_and_settings_failure_mid_write_keep_the_old_files(tmp_path, 
     work.mkdir()
     seed = train_mod._kmeans_seed(None, work)
     assert train_mod._kmeans_seed(None, work) == seed  # kept in the work store
-    train_mod._check_same_settings(model, work, {"seed": seed})
+    models = (as_location(work / "model.zarr"), as_location(model))
+    train_mod._check_same_settings(models, as_location(work), {"seed": seed, "clusters": []})
     seed_file, settings_file = work / train_mod.SEED_FILE, work / "settings.json"
-    assert json.loads(settings_file.read_text()) == {"seed": seed}
+    assert json.loads(settings_file.read_text()) == {"seed": seed, "clusters": []}
     seed_file.write_text("{")  # damaged: the next run draws and writes a new seed
     _fill_disk(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         train_mod._kmeans_seed(None, work)
     with pytest.raises(OSError, match="No space left"):
-        train_mod._check_same_settings(model, work, {"seed": seed + 1})
+        train_mod._check_same_settings(models, as_location(work), {"seed": seed + 1, "clusters": []})
     assert seed_file.read_text() == "{"
-    assert json.loads(settings_file.read_text()) == {"seed": seed}
+    assert json.loads(settings_file.read_text()) == {"seed": seed, "clusters": []}
     assert _leftovers(work) == []
 
 
@@ -403,7 +406,8 @@ def test_rerun_repairs_every_kind_of_damage_and_gives_the_same_model(tmp_path, s
     store, labels, X = small
     first = _train(store, labels, tmp_path)
     reference = _distances(tmp_path / "m.zarr", X)
-    clusters = tmp_path / "m.zarr" / "clusters"
+    staged = interrupt_after_training(tmp_path / "m.zarr", tmp_path / "w")  # before the commit
+    clusters = staged / "clusters"
     shutil.rmtree(clusters / "c0_s1")  # lost
     (clusters / "c1_s0" / "_COMPLETE.json").unlink()  # renamed, not marked (older writer)
     (clusters / "c2_s1" / "_COMPLETE.json").write_text("{")  # damaged marker

@@ -389,24 +389,29 @@ def test_cli_train_warns_when_n_components_exceeds_features(stores, monkeypatch)
     assert "--n-components 20 exceeds the 5 features" in result.output
 
 
-def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeypatch):
+@pytest.mark.parametrize("finished", [0, 2])
+def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeypatch, finished):
+    """The resume hint is given only where it is true: when finished clusters are kept."""
     from distributed.scheduler import KilledWorker
 
-    def die(*a, **k):
+    def die(store, model, work, *a, **k):
+        for s in range(finished):  # clusters a run finished before the worker died
+            (work.path / "model.zarr" / "clusters" / f"c0_s{s}").mkdir(parents=True)
         raise KilledWorker("train_cluster-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
 
     monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
     monkeypatch.setattr("kahm_dask.pipeline.estimator.train_pipeline", die)  # the fit behind the CLI
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3")
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "KilledWorker" in result.output and "rerun the same command to resume" in result.output
+    assert result.exit_code == 1 and "Traceback" not in result.output and "KilledWorker" in result.output
+    assert ("rerun the same command to resume" in result.output) == bool(finished)
+    assert (f"The {finished} finished cluster(s) are kept" in result.output) == bool(finished)
 
 
 CLI_OTHER = {
     "ingest: nan csv": (lambda t: ["ingest", _csv(t, "1,2,3\n4,nan,0\n"), t / "n.zarr"],
                         r"non-finite value at row 1, column 1.*impute"),
     "ingest: missing file": (lambda t: ["ingest", t / "nope.csv", t / "n.zarr"], r"Source file not found"),
-    "ingest: existing store": (lambda t: ["ingest", "sklearn:iris", t / "s.zarr"], r"already exists.*overwrite"),
+    "ingest: existing store": (lambda t: ["ingest", "sklearn:iris", t / "s.zarr"], r"already exists; add --overwrite"),
     "ingest: unknown bundled set": (lambda t: ["ingest", "sklearn:mnist", t / "n.zarr"],
                                     r"Unknown bundled dataset 'sklearn:mnist'"),
     "predict: not a model": (lambda t: ["predict", t / "s.zarr", t / "s.zarr", t / "p.zarr"],
