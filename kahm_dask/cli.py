@@ -11,20 +11,36 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from numbers import Integral
 from pathlib import Path
 
 import click
 
 from kahm_dask.params import PARAMS
+from kahm_dask.pipeline.config import DASHBOARD
 from kahm_dask.privacy.fabrication import DEFAULT_PASSES
+from kahm_dask.privacy.ledger import LEDGER_DIR_ENV as LEDGER_ENV
 
 __all__ = ["main"]
 
 log = logging.getLogger("kahm_dask")
 
 
+def _dashboard_option(f):
+    return click.option(
+        "--dashboard-address", default=DASHBOARD, show_default=True, metavar="HOST:PORT",
+        help="Dashboard of the LocalCluster. It has no authentication, so it listens on this machine only; "
+             "another host (e.g. 0.0.0.0:8787) warns. 'none' turns it off.",
+        callback=lambda ctx, param, value: None if value in (None, "none") else value,
+    )(f)
+
+
 def _cluster_options(f):
+    f = _dashboard_option(f)
     f = click.option("--memory-limit", default="auto", show_default=True,
                      help="Per-worker memory limit of the LocalCluster, e.g. 2GiB.")(f)
     f = click.option("--n-workers", type=int, default=2, show_default=True, help="Workers of the LocalCluster.")(f)
@@ -133,16 +149,7 @@ _storage_options = click.option(
 )
 
 
-def _work_beside(model):
-    """The default work store of ``model`` (a path or URL): its name with the suffix ``.work``."""
-    from kahm_dask.pipeline.location import as_location
-
-    where = as_location(model)
-    stem = where.name.rsplit(".", 1)[0] if "." in where.name else where.name
-    return where.with_name(stem + ".work").public()
-
-
-def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit):
+def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit, dashboard_address=DASHBOARD):
     from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.security import ClusterTLSConfig
 
@@ -152,7 +159,20 @@ def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit):
     if tls and cluster_config:
         raise click.UsageError(_TLS_WITH_CLUSTER_CONFIG)
     return ClusterConfig(scheduler=scheduler, config=cluster_config, n_workers=n_workers, memory_limit=memory_limit,
-                         tls=None if tls is None else ClusterTLSConfig.from_mapping(tls))
+                         tls=None if tls is None else ClusterTLSConfig.from_mapping(tls),
+                         dashboard_address=dashboard_address)
+
+
+def _echo_dashboard(client) -> None:
+    """The dashboard's address on the console (where it listens, in words)."""
+    link = getattr(client, "dashboard_link", None)
+    if not link:
+        return
+    from kahm_dask.pipeline.config import dashboard_is_local
+
+    host = link.split("//", 1)[-1].split("/", 1)[0]
+    where = " (this machine only)" if dashboard_is_local(host) else ""
+    click.echo(f"Dask dashboard{where}: {link}", err=True)
 
 
 _TLS_WITH_CLUSTER_CONFIG = ("the --tls-* options go with --scheduler (or the LocalCluster); a --cluster-config "
@@ -170,34 +190,61 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     ``OSError`` covers missing files, unreachable schedulers and full disks;
     ``KilledWorker`` a task whose worker processes died ``allowed-failures + 1`` times;
-    ``BudgetExceededError`` a DP release refused by the privacy ledger's budget.
+    ``BudgetExceededError`` a DP release refused by the privacy ledger's budget; the others a
+    busy folder, an unusable ledger file and a failed task's own error.
     """
     from distributed.scheduler import KilledWorker
 
-    from kahm_dask.privacy.ledger import BudgetExceededError
+    from kahm_dask._locks import FolderBusyError
+    from kahm_dask.privacy.ledger import BudgetExceededError, LedgerError
 
-    return (ValueError, TypeError, OSError, KilledWorker, BudgetExceededError)
-
-
-_RESUME_HINT = (" Finished clusters are kept (each is written atomically): rerun the same command "
-                "to resume.")
+    return (ValueError, TypeError, OSError, KilledWorker, BudgetExceededError, LedgerError, FolderBusyError)
 
 
-def _fail(exc: BaseException, *, resumable: bool = False) -> None:
+def _fail(exc: BaseException, *, resume_from=None) -> None:
+    """Exit with ``exc`` as one line. ``resume_from``: the staged model store of a training run:
+    the resume hint is added only when it holds finished clusters (then it is true)."""
     from distributed.scheduler import KilledWorker
 
+    from kahm_dask.pipeline.store import StoreExistsError
     from kahm_dask.privacy.ledger import BudgetExceededError
 
     hint = ""
     if isinstance(exc, BudgetExceededError):
-        resumable = False
         hint = " No noise was drawn."
+    if isinstance(exc, StoreExistsError):
+        raise click.ClickException(f"{str(exc).split(';')[0]}; add --overwrite to replace it, or choose another path.")
     if isinstance(exc, KilledWorker):
         hint = (" Worker processes died while running this task (out of memory, or killed);"
                 " give the workers more memory (--memory-limit) or fewer threads.")
-    if resumable and not isinstance(exc, (ValueError, TypeError)):
-        hint += _RESUME_HINT
+    n = _finished_clusters(resume_from)
+    if n:
+        hint += f" The {n} finished cluster(s) are kept ({resume_from}): rerun the same command to resume."
     raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}")
+
+
+def _finished_clusters(staged) -> int:
+    """Finished clusters in the staged model store ``staged`` (a path/URL, or None: 0)."""
+    if staged is None:
+        return 0
+    from kahm_dask.pipeline.location import as_location
+
+    try:
+        return sum(1 for name in (as_location(staged) / "clusters").children() if not name.startswith("."))
+    except (OSError, ValueError):
+        return 0
+
+
+@contextmanager
+def _interruptible(what: str, resume_from=None) -> Iterator[None]:
+    """Ctrl-C in the block: one line (and the resume hint where it is true), exit code 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        n = _finished_clusters(resume_from)
+        kept = f" {n} finished cluster(s) are kept in {resume_from}: rerun the same command to resume." if n else ""
+        click.echo(f"\nInterrupted: {what} stopped.{kept}", err=True)
+        sys.exit(130)
 
 
 _VERBOSE_HELP = "Log progress details and Dask's INFO lines (scheduler, nannies, workers)."
@@ -215,9 +262,15 @@ def _configure_logging(verbose: bool) -> None:
 
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    warnings.formatwarning = _one_line_warning
     dask.config.set({"logging.distributed": logging.getLevelName(level).lower()})
     for name in ("kahm_dask", "distributed", "dask_ml"):
         logging.getLogger(name).setLevel(level)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning on the console: its kind and its message, without the library's source line."""
+    return f"{category.__name__}: {message}\n"
 
 
 @click.group()
@@ -231,32 +284,78 @@ def main(verbose: bool) -> None:
 @main.command()
 @click.argument("source")
 @click.argument("store", type=_StoreArgument())
-@click.option("--chunk-rows", type=int, help="Rows per Zarr chunk (default: about 32 MiB).")
+@click.option("--test-store", type=_StoreArgument(),
+              help="Also write a test store: a stratified split of SOURCE's rows (--test-size, --split-seed).")
+@click.option("--test-size", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.3,
+              show_default=True, help="Share of the rows in --test-store.")
+@click.option("--split-seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the split (not private).")
+@click.option("--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
+              help="Public range of the raw features, known without looking at the data (digits 0 16, pixels "
+                   "0 255); entries are clipped to it, and the stores record it, so `train` needs no --bounds.")
+@click.option("--scale", type=click.Choice(["none", "minmax", "tanh255"]), default="none", show_default=True,
+              help="minmax maps --bounds to [0, 1] (without --bounds: the private min/max, which warns); tanh255 "
+                   "is tanh(x/255) for 8-bit pixels; none keeps the raw values.")
+@click.option("--chunk-rows", type=click.IntRange(min=1), help="Rows per Zarr chunk (default: about 32 MiB).")
 @click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True)
-@click.option("--overwrite", is_flag=True, help="Replace an existing store (atomically).")
+@click.option("--overwrite", is_flag=True, help="Replace existing stores (atomically).")
 @_storage_options
-def ingest(source: str, store, chunk_rows, dtype: str, overwrite: bool, storage_options) -> None:
-    """Write SOURCE into a Zarr dataset STORE (a path or a URL such as s3://bucket/data.zarr).
+def ingest(source: str, store, test_store, test_size, split_seed, bounds, scale, chunk_rows, dtype: str,
+           overwrite: bool, storage_options) -> None:
+    """Write SOURCE into a Zarr dataset STORE (a path or a URL such as s3://bucket/data.zarr), and
+    with --test-store a test store of held-out rows. The stores hold private rows: they are
+    created 0700 (owner only).
 
     SOURCE: sklearn:<digits|breast_cancer|iris|wine>, a .npz (arrays X, y), a .csv (label in
     the last column), "x.npy,y.npy" or "images.idx3-ubyte.gz,labels.idx1-ubyte.gz".
     """
+    from kahm_dask.pipeline.config import DataConfig
+    from kahm_dask.pipeline.data import write_data_stores
     from kahm_dask.pipeline.store import ingest as ingest_store
 
-    src = tuple(s.strip() for s in source.split(",")) if "," in source else source
     try:
-        ds = ingest_store(src, store, chunk_rows=chunk_rows, dtype=dtype, overwrite=overwrite,
-                          storage_options=storage_options)
+        if bounds is None and scale == "none" and test_store is None:
+            src = tuple(s.strip() for s in source.split(",")) if "," in source else source
+            stores = (ingest_store(src, store, chunk_rows=chunk_rows, dtype=dtype, overwrite=overwrite,
+                                   storage_options=storage_options), None)
+        else:
+            if storage_options:
+                raise click.UsageError("--bounds, --scale and --test-store write local stores; "
+                                       "drop --storage-options, or ingest without them.")
+            data = DataConfig(source=source, test_size=test_size, split_seed=split_seed, scale=scale,
+                              bounds=None if bounds is None else list(bounds), chunk_rows=chunk_rows)
+            _refuse_existing(overwrite, store, test_store)
+            stores = write_data_stores(data, Path(store), None if test_store is None else Path(test_store),
+                                       overwrite=overwrite, dtype=dtype)
     except _user_errors() as exc:
         _fail(exc)
-    click.echo(f"{store}: {ds.n_samples} rows × {ds.n_features} features, classes {list(ds.classes)}")
+    for path, ds in zip((store, test_store), stores, strict=True):
+        if ds is not None:
+            fr = ds.attrs.get("feature_range")
+            public = "" if not fr else f"; public feature range recorded ({_range_text(fr)})"
+            click.echo(f"{path}: {ds.n_samples} rows × {ds.n_features} features, classes {list(ds.classes)}{public}")
+
+
+def _range_text(fr: dict) -> str:
+    lo, hi = fr["min"], fr["max"]
+    if len(set(lo)) == 1 and len(set(hi)) == 1:
+        return f"[{lo[0]:g}, {hi[0]:g}]"
+    return f"per feature, {min(lo):g} to {max(hi):g}"
+
+
+def _refuse_existing(overwrite: bool, *paths) -> None:
+    """Refuse existing targets without --overwrite (before any row is read)."""
+    for path in paths:
+        if path is not None and not overwrite and Path(path).exists():
+            raise click.ClickException(f"{path} already exists; add --overwrite to replace it, or choose another path.")
 
 
 @main.command()
 @click.argument("store", type=_StoreArgument(exists=True))
 @click.argument("model", type=_StoreArgument())
 @click.option("--work", type=_StoreArgument(),
-              help="Work directory (private side: keep it with the data). Default: MODEL with suffix .work")
+              help="Work store (private copies, the noisy rows, the model while it is trained; owner only). "
+                   "Default: beside STORE, STORE's name with .kahm-work/, one folder per MODEL.")
 @click.option("--n-components", type=_param_type("n_components"), default=20, show_default=True)
 @click.option("--n-layers", type=_param_type("n_layers"), default=1, show_default=True)
 @click.option("--block-size", type=_param_type("block_size"), default=1000, show_default=True)
@@ -264,11 +363,12 @@ def ingest(source: str, store, chunk_rows, dtype: str, overwrite: bool, storage_
               help="Privacy-loss bound ε per entry; omit for a non-private model.")
 @click.option("--delta", type=_param_type("delta"), default=0.0, show_default=True, help="δ; 0 is pure ε-DP.")
 @click.option("--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
-              help="Public bounds of every feature of STORE, known without looking at the data; entries are "
-                   "clipped to them before noise. Default: the store's public feature range, else each "
-                   "feature's min/max (private: warns, and the privacy statement says so).")
+              help="Public bounds of every feature of STORE (in STORE's units), known without looking at the data; "
+                   "entries are clipped to them before noise. Default: the public feature range STORE records "
+                   "(`kahm-dask ingest --bounds`), else each feature's min/max (private: warns, and the privacy "
+                   "statement says so).")
 @click.option("--d", "d", type=_param_type("d"), default=None,
-              help="Adjacency bound (largest change of one entry covered). Default: the bound width.")
+              help="Adjacency bound (largest change of one entry covered), in STORE's units. Default: the bound width.")
 @click.option("--dp-data", type=_param_type("dp_data"), default="fabricated", show_default=True)
 @click.option("--r-source", type=_param_type("r_source"), default="passes", show_default=True,
               help="Stopping rule of the fabrication; 'private' (the paper's r from the private rows) leaks.")
@@ -277,64 +377,110 @@ def ingest(source: str, store, chunk_rows, dtype: str, overwrite: bool, storage_
 @click.option("--cluster-on", type=_param_type("cluster_on"), default="noisy", show_default=True,
               help="Rows the k-means partition runs on; 'original' (the private rows) leaks.")
 @click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
-              help="Privacy budget of STORE's ledger: refuse a release that would take the total beyond it.")
+              help="Cap of STORE's privacy ledger: lowers its budget (never raises it); a release beyond it is "
+                   "refused before any noise is drawn.")
+@click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=f"Ledger directory (default: ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers).")
 @click.option("--seed", type=_param_type("random_state"), default=None,
               help="Seed of the k-means steps (not secret: the noise never depends on it). "
-                   "Default: drawn once and kept in the work directory.")
+                   "Default: drawn once and kept in the work store.")
 @_storage_options
 @_cluster_options
 def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data,
-          r_source, r_value, cluster_on, budget, seed, storage_options, scheduler, cluster_config, n_workers,
-          memory_limit) -> None:
+          r_source, r_value, cluster_on, budget, ledger_dir, seed, storage_options, scheduler, cluster_config,
+          n_workers, memory_limit, dashboard_address) -> None:
     """Train a model store MODEL from the dataset STORE: DP release, partition, one task per cluster.
     STORE, MODEL and --work may be paths or URLs (s3://…, with --storage-options).
 
-    A DP run records its release in STORE's privacy ledger (STORE.privacy-ledger.json) and writes
-    the privacy statement to MODEL.PRIVACY.md (also in MODEL's manifest).
+    A DP run records its release in the privacy ledger of STORE's rows (the same one every
+    kahm-dask entry point uses for them) before any noise is drawn, and writes its privacy
+    statement to MODEL.PRIVACY.md (also in MODEL's manifest). MODEL is written when every
+    cluster is trained (an interrupted run leaves none; rerun to resume). A non-private MODEL
+    holds private rows: it is created 0700 (owner only).
     """
+    from kahm_dask._private import private_directory
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
     from kahm_dask.pipeline.location import as_location
+    from kahm_dask.pipeline.progress import ConsoleProgress
     from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.pipeline.train import STAGED_MODEL, check_training_targets
 
+    t0 = time.perf_counter()
+    if work is None:
+        work = _default_work(store, model)
+        if as_location(work).is_local:
+            private_directory(Path(work).parent)  # the data's work stores: owner only
+    staged = as_location(work, storage_options) / STAGED_MODEL
     try:
-        if r_value is not None and r_value.is_integer():
-            r_value = int(r_value)  # a whole number on the command line: also a number of passes
-        # validate every argument before a cluster starts or a file is written
-        ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
-        privacy = PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
-                                r_value=r_value, cluster_on=cluster_on, budget=None if budget is None else list(budget))
-        ds = open_dataset(store, storage_options=storage_options)
-        check_class_sizes(ds.class_counts)
-        if bounds is not None:
-            from kahm_dask.privacy.bounds import public_bounds
+        with _interruptible("training", resume_from=staged):
+            if r_value is not None and r_value.is_integer():
+                r_value = int(r_value)  # a whole number on the command line: also a number of passes
+            # validate every argument and every output path before a cluster starts or noise is drawn
+            ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
+            privacy = PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
+                                    r_value=r_value, cluster_on=cluster_on,
+                                    budget=None if budget is None else list(budget))
+            ds = open_dataset(store, storage_options=storage_options)
+            check_class_sizes(ds.class_counts)
+            if bounds is not None:
+                from kahm_dask.privacy.bounds import public_bounds
 
-            bounds = public_bounds(bounds, ds.n_features)
-        if n_components > ds.n_features:
-            click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
-                       f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
-                       "dimensions (docs/algorithm.md#kahm-guards).", err=True)
-        estimator = DaskKAHMClassifier(
-            n_components, n_layers, block_size, seed, epsilon=epsilon, delta=delta, bounds=bounds, d=d,
-            dp_data=dp_data, r_source=r_source, r_value=privacy.r_value, cluster_on=cluster_on,
-        )
-        estimator.train_settings(budget=budget)  # every check, before a cluster starts
-        with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            summary = estimator.fit_store(ds, as_location(model, storage_options),
-                                          as_location(work or _work_beside(model), storage_options),
-                                          client=client, budget=budget)
+                bounds = public_bounds(bounds, ds.n_features)
+            if n_components > ds.n_features:
+                click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
+                           f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
+                           "dimensions (docs/algorithm.md#kahm-guards).", err=True)
+            estimator = DaskKAHMClassifier(
+                n_components, n_layers, block_size, seed, epsilon=epsilon, delta=delta, bounds=bounds, d=d,
+                dp_data=dp_data, r_source=r_source, r_value=privacy.r_value, cluster_on=cluster_on,
+                ledger="auto" if ledger_dir is None else str(ledger_dir),
+            )
+            estimator.train_settings(budget=budget)  # every check, before a cluster starts
+            model_at, work_at = as_location(model, storage_options), as_location(work, storage_options)
+            check_training_targets(model_at, work_at)
+            statement_at = model_at.with_name(model_at.name + ".PRIVACY.md")
+            if epsilon is not None and statement_at.is_local and statement_at.path.is_dir():
+                raise FileExistsError(f"{statement_at} is a folder; the privacy statement cannot be written there.")
+            progress = ConsoleProgress()
+            with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
+                                       dashboard_address)) as client:
+                _echo_dashboard(client)
+                summary = estimator.fit_store(ds, model_at, work_at, client=client, budget=budget, progress=progress)
     except _user_errors() as exc:
-        _fail(exc, resumable=True)
-    statement = summary.pop("privacy_statement_markdown", None)
+        _fail(exc, resume_from=staged)
+    statement = summary.get("privacy_statement_markdown")
     if statement is not None:
         from kahm_dask.report import ledger_markdown
 
-        where = as_location(model, storage_options)
-        path = where.with_name(where.name + ".PRIVACY.md")
-        path.write_text(statement + "\n" + ledger_markdown(summary["privacy"]["ledger"]))
-        click.echo(f"privacy statement: {path}", err=True)
-    click.echo(json.dumps({k: v for k, v in summary.items() if k != "clusters"}, indent=2))
+        statement_at.write_text(statement + "\n" + ledger_markdown(summary["privacy"]["ledger"]))
+        click.echo(f"privacy statement (publishable, with MODEL): {statement_at}", err=True)
+    else:
+        click.echo(f"Non-private model: {model} holds private rows (folders 0700); keep it with the data owner.",
+                   err=True)
+    click.echo(f"work store (owner only): {work}", err=True)
+    privacy = summary.get("privacy") or {}
+    click.echo(json.dumps({
+        "model": str(model), **{k: summary.get(k) for k in ("n_clusters", "n_resumed", "seed")},
+        **{k: privacy.get(k) for k in ("release_id", "noise_reused", "ledger", "ledger_path")},
+        **{k: summary.get(k) for k in ("prepare_seconds", "train_seconds")},
+    }, indent=2))
+    click.echo(f"done in {time.perf_counter() - t0:.1f} s", err=True)
+
+
+def _default_work(store, model) -> str | Path:
+    """The default work store of training ``model`` from ``store``: beside the data store (the
+    owner's side, never beside the publishable model), ``<store stem>.kahm-work/<model name>-<hash>``
+    (the hash of the model's full path keeps two models of the same name apart)."""
+    import hashlib
+
+    from kahm_dask.pipeline.location import as_location
+
+    data, target = as_location(store), as_location(model)
+    stem = data.name.rsplit(".", 1)[0] if "." in data.name else data.name
+    tag = hashlib.blake2b(str(target).encode(), digest_size=4).hexdigest()
+    return (data.with_name(f"{stem}.kahm-work") / f"{target.name}-{tag}").public()
 
 
 @main.command()
@@ -348,22 +494,29 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
 @_storage_options
 @_cluster_options
 def predict(model, store, out, n_probe, eval_dtype, storage_options, scheduler, cluster_config, n_workers,
-            memory_limit) -> None:
+            memory_limit, dashboard_address) -> None:
     """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr).
-    Each may be a path or a URL (s3://…, with --storage-options)."""
+    Each may be a path or a URL (s3://…, with --storage-options). OUT must be free or hold
+    earlier predictions (they are replaced); anything else there is refused."""
+    from kahm_dask.pipeline.location import as_location
     from kahm_dask.pipeline.modelstore import read_manifest
-    from kahm_dask.pipeline.predict import predict_to_store
+    from kahm_dask.pipeline.predict import check_prediction_target, predict_to_store
+    from kahm_dask.pipeline.progress import ConsoleProgress
     from kahm_dask.pipeline.store import open_dataset
 
     try:
-        ds = open_dataset(store, storage_options=storage_options)
-        n_features = read_manifest(model, storage_options=storage_options)["n_features"]  # both before a cluster
-        if ds.n_features != n_features:
-            raise ValueError(f"{store} has {ds.n_features} features; the model {model} expects "
-                             f"{n_features}. Predict rows with the features it was trained on.")
-        with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)) as client:
-            predict_to_store(model, ds.X(), out, client, progress=True, n_probe=n_probe, eval_dtype=eval_dtype,
-                             storage_options=storage_options)
+        with _interruptible("prediction"):
+            ds = open_dataset(store, storage_options=storage_options)
+            n_features = read_manifest(model, storage_options=storage_options)["n_features"]  # all before a cluster
+            if ds.n_features != n_features:
+                raise ValueError(f"{store} has {ds.n_features} features; the model {model} expects "
+                                 f"{n_features}. Predict rows with the features it was trained on.")
+            check_prediction_target(as_location(out, storage_options))
+            with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
+                                       dashboard_address)) as client:
+                _echo_dashboard(client)
+                predict_to_store(model, ds.X(), out, client, progress=ConsoleProgress(), n_probe=n_probe,
+                                 eval_dtype=eval_dtype, storage_options=storage_options)
     except _user_errors() as exc:
         _fail(exc)
     click.echo(f"predictions for {ds.n_samples} rows written to {out}")
@@ -375,21 +528,28 @@ def predict(model, store, out, n_probe, eval_dtype, storage_options, scheduler, 
 @click.argument("train_store", type=click.Path(exists=True, path_type=Path))
 @click.argument("test_store", type=click.Path(exists=True, path_type=Path))
 @click.option("--membership/--no-membership", default=True, show_default=True)
-@click.option("--max-train-rows", type=int, help="Seeded subset of training rows for the membership metrics.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-train-rows", type=click.IntRange(min=1),
+              help="Seeded subset of training rows for the membership metrics.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @_cluster_options
 def evaluate(model, predictions, train_store, test_store, membership, max_train_rows, seed,
-             scheduler, cluster_config, n_workers, memory_limit) -> None:
-    """Accuracy and membership-inference metrics of stored PREDICTIONS (JSON to stdout)."""
+             scheduler, cluster_config, n_workers, memory_limit, dashboard_address) -> None:
+    """Accuracy and membership-inference metrics of stored PREDICTIONS (JSON to stdout).
+
+    Computed on private rows: the numbers are for the data owner (each is explained in
+    docs/privacy.md#measuring-membership-risk)."""
+    from kahm_dask.pipeline.progress import ConsoleProgress
     from kahm_dask.pipeline.run import evaluate as evaluate_run
     from kahm_dask.pipeline.store import open_dataset
 
     try:
-        with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit)):
-            metrics, _, _ = evaluate_run(
-                model, predictions, open_dataset(train_store), open_dataset(test_store),
-                membership=membership, max_train_rows=max_train_rows, seed=seed,
-            )
+        with _interruptible("evaluation"), _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
+                                                               dashboard_address)):
+            with ConsoleProgress().stage("membership metrics (owner only)" if membership else "accuracy"):
+                metrics, _, _ = evaluate_run(
+                    model, predictions, open_dataset(train_store), open_dataset(test_store),
+                    membership=membership, max_train_rows=max_train_rows, seed=seed,
+                )
     except _user_errors() as exc:
         _fail(exc)
     click.echo(json.dumps(metrics, indent=2))
@@ -404,17 +564,27 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
               help="A cluster_configs/*.yaml file (overrides the file).")
 @click.option("--output", type=click.Path(path_type=Path), help="Run directory (overrides the file).")
 @click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
-              help="Privacy budget of the training data's ledger (overrides privacy.budget).")
-@click.option("--no-progress", is_flag=True, help="No progress bars.")
+              help="Cap of the training data's privacy ledger (overrides privacy.budget; lowers a stored budget, "
+                   "never raises it).")
+@click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=f"Ledger directory (overrides privacy.ledger_dir; default ${LEDGER_ENV}, else "
+                   "~/.local/share/kahm-dask/ledgers).")
+@click.option("--dashboard-address", metavar="HOST:PORT",
+              help="Dashboard of the LocalCluster (overrides cluster.dashboard_address; default 127.0.0.1:8787, "
+                   "this machine only; 'none' turns it off).")
+@click.option("--no-progress", is_flag=True, help="No progress lines.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
-def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: bool, verbose: bool) -> None:
-    """Run PIPELINE.yaml end to end: ingest → partition → train → predict → evaluate.
+def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, dashboard_address,
+        no_progress: bool, verbose: bool) -> None:
+    """Run PIPELINE.yaml end to end: ingest → release → partition → train → predict → evaluate.
 
     A file with a top-level `federation:` section runs the federated pipeline (one model per
     site, global decision from the sites' minimum distances). A DP run writes what may be
     published to <output>/public/ (model.zarr, PRIVACY.md, a plot of fabricated rows) and
     everything computed on private rows to <output>/owner/ (report.json, report.md, plots,
-    predictions, data and work stores), which stays with the data owner.
+    predictions, data and work stores; 0700, owner only), which stays with the data owner.
+    Every release is recorded in the privacy ledger of the training rows before its noise is
+    drawn. A second run on the same output folder while one runs is refused.
     """
     if verbose:  # raise the group's level (`kahm-dask -v run` raised it already)
         _configure_logging(True)
@@ -424,13 +594,16 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: 
         load_federated_config,
         run_federated_pipeline,
     )
+    from kahm_dask.pipeline.progress import SILENT, ConsoleProgress
     from kahm_dask.pipeline.run import run_pipeline
 
+    t0 = time.perf_counter()
     if scheduler and cluster_config:
         raise click.UsageError("give at most one of --scheduler and --cluster-config.")
     tls = _tls_settings()
     if tls and cluster_config:
         raise click.UsageError(_TLS_WITH_CLUSTER_CONFIG)
+    cfg, federated, staged = None, False, None
     try:
         raw = load_yaml(pipeline)
         federated = isinstance(raw, dict) and "federation" in raw
@@ -446,15 +619,31 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, no_progress: 
             overrides["output"] = str(output)
         if budget:
             overrides["privacy.budget"] = list(budget)
+        if ledger_dir:
+            overrides["privacy.ledger_dir"] = str(ledger_dir)
+        if dashboard_address:
+            overrides["cluster.dashboard_address"] = None if dashboard_address == "none" else dashboard_address
         if overrides:
             cfg = cfg.with_overrides(**overrides)
-        with (connect_federated(cfg) if federated else _connect(cfg.cluster)) as client:
-            click.echo(f"Dask dashboard: {client.dashboard_link}", err=True)
-            run_fn = run_federated_pipeline if federated else run_pipeline
-            run_fn(cfg, client, progress=not no_progress)
+        staged = Path(cfg.output) / "owner" / "work" / "model.zarr"
+        with _interruptible(f"the run {cfg.name!r}", resume_from=None if federated else staged):
+            click.echo(_run_banner(cfg, federated), err=True)
+            with (connect_federated(cfg) if federated else _connect(cfg.cluster)) as client:
+                _echo_dashboard(client)
+                run_fn = run_federated_pipeline if federated else run_pipeline
+                run_fn(cfg, client, progress=SILENT if no_progress else ConsoleProgress())
     except _user_errors() as exc:
-        _fail(exc, resumable=True)
+        _fail(exc, resume_from=None if federated else staged)
     _echo_run_end(Path(cfg.output))
+    click.echo(f"done in {time.perf_counter() - t0:.1f} s (cluster start-up included)", err=True)
+
+
+def _run_banner(cfg, federated: bool) -> str:
+    """The first line of a run: what it is."""
+    p = cfg.privacy
+    privacy = "non-private" if p.epsilon is None else f"DP, ε = {p.epsilon:g} per entry ({p.dp_data} rows)"
+    sites = f", {cfg.federation.sites} sites" if federated else ""
+    return f"kahm-dask run {cfg.name!r}: {cfg.data.source}, {privacy}{sites} → {cfg.output}"
 
 
 def _echo_run_end(out: Path) -> None:
@@ -468,6 +657,81 @@ def _echo_run_end(out: Path) -> None:
         click.echo(f"Public folder (may be published: DP model store, PRIVACY.md): {public}")
     if owner.is_dir():
         click.echo(f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}")
+
+
+# --------------------------------------------------------------------------- ledger
+
+
+@main.group()
+def ledger() -> None:
+    """The privacy ledgers: what has been spent on each data set, and its budget."""
+
+
+def _ledger_of(store, ledger_dir):
+    from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.privacy.ledger import PrivacyLedger
+
+    return PrivacyLedger.for_data(open_dataset(store).fingerprint(), ledger_dir)
+
+
+@ledger.command("show")
+@click.argument("store", type=_StoreArgument(exists=True), required=False)
+@click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=f"Ledger directory (default ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers).")
+def ledger_show(store, ledger_dir) -> None:
+    """The releases and budget of dataset STORE's rows; without STORE, every ledger's total."""
+    import json as _json
+
+    from kahm_dask.privacy.ledger import PrivacyLedger, default_ledger_dir
+
+    try:
+        if store is not None:
+            book = _ledger_of(store, ledger_dir)
+            summary = book.summary()
+            click.echo(f"{store}: ledger {book.path}")
+            for e in book.entries:
+                click.echo(f"  {e['time']}  ε = {e['epsilon']:g}, δ = {e['delta']:g}  {e['what']}")
+            click.echo(_summary_line(summary))
+            return
+        root = Path(ledger_dir or default_ledger_dir())
+        files = sorted(root.glob("*.json")) if root.is_dir() else []
+        if not files:
+            click.echo(f"no ledgers in {root}")
+        for path in files:
+            data = _json.loads(path.read_text()).get("data") or {}
+            shape = f"{data.get('n_samples')} x {data.get('n_features')}" if data else "?"
+            click.echo(f"{path.stem[:12]}…  ({shape} rows)  " + _summary_line(PrivacyLedger(path).summary()))
+    except _user_errors() as exc:
+        _fail(exc)
+
+
+def _summary_line(summary: dict) -> str:
+    budget = summary["budget"]
+    spent = (f"spent ε = {summary['epsilon_total']:g}, δ = {summary['delta_total']:g} "
+             f"in {summary['releases']} release(s)")
+    if budget is None:
+        return spent + "; no budget"
+    left = summary["remaining"]
+    return spent + f"; budget ({budget[0]:g}, {budget[1]:g}), remaining ({left[0]:g}, {left[1]:g})"
+
+
+@ledger.command("budget")
+@click.argument("store", type=_StoreArgument(exists=True))
+@click.argument("epsilon", type=_param_type("epsilon"))
+@click.argument("delta", type=_param_type("delta"), default=0.0)
+@click.option("--raise", "allow_raise", is_flag=True,
+              help="Allow a budget above the stored one (the data owner's decision).")
+@click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=f"Ledger directory (default ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers).")
+def ledger_budget(store, epsilon, delta, allow_raise, ledger_dir) -> None:
+    """Set the budget (EPSILON, DELTA) of dataset STORE's rows: lowering is always allowed,
+    raising only with --raise."""
+    try:
+        book = _ledger_of(store, ledger_dir)
+        book.set_budget(epsilon, delta, allow_raise=allow_raise)
+        click.echo(_summary_line(book.summary()))
+    except _user_errors() as exc:
+        _fail(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -112,6 +112,87 @@ def write_privacy_statement(public: Path, statement_markdown: str, ledger: dict 
     return path
 
 
+#: The results a report prints, each with its meaning in one line (``{n_test}``, ``{n_train}``:
+#: the row counts; docs/privacy.md#measuring-membership-risk explains the membership metrics).
+RESULTS = {
+    "accuracy": "share of the {n_test} test rows whose class is predicted correctly",
+    "site_wins": "test rows each site answered with the smallest distance (federated)",
+    "attack_auc": "membership attack (a small distance says 'member'): ROC AUC over training rows (members) "
+                  "and test rows (non-members); 0.5 is chance, 1 a perfect attack",
+    "attack_auc_mean": "the attack's AUC averaged over the sites, weighted by their members (federated)",
+    "attack_advantage": "the attack's best true-positive rate minus false-positive rate; 0: no advantage",
+    "attack_tpr_at_1pct_fpr": "share of members the attack finds while flagging at most 1 % of non-members",
+    "attack_tpr_at_0_1pct_fpr": "the same at 0.1 % of non-members",
+    "mis": "membership-inference score: how far apart the distance distributions of members and non-members "
+           "are (LSDD, in the squared units of the distances; 0: identical)",
+    "mis_norm": "mis on distances divided by their pooled median: comparable across data sets and models",
+    "worst_site": "the site whose members the attack tells apart best (federated)",
+    "n_train_used": "training rows the membership metrics used (members)",
+    "n_infinite": "rows at an infinite distance, left out of mis",
+    "median_distance": "the pooled median distance mis_norm divides by",
+}
+#: Fields of report.json that are settings (printed apart from the results).
+SETTINGS = ("epsilon", "delta", "d", "d_raw", "bounds", "bounds_raw", "bounds_source", "dp_data", "r_source",
+            "cluster_on", "budget", "n_components", "n_layers", "seed", "n_sites", "split", "classes_per_site",
+            "alpha", "split_seed", "pin_sites")
+#: Where the run wrote what (printed last).
+PATHS = ("public_dir", "owner_dir", "model_store", "dashboard")
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        text = ", ".join(_cell(x) for x in v)
+        if len(text) <= 80:
+            return text
+        numbers = all(isinstance(x, int | float) for x in v)
+        return f"{len(v)} values, {_cell(min(v))} to {_cell(max(v))}" if numbers else text[:77] + "..."
+    return str(v)
+
+
+def _results(metrics: dict) -> list[str]:
+    lines = ["## Results (owner only: computed on the private rows)", "", "| result | value | what it means |",
+             "|---|---|---|"]
+    counts = {"n_test": metrics.get("n_test", "?"), "n_train": metrics.get("n_train", "?")}
+    for key, meaning in RESULTS.items():
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        if value is None and key.startswith("attack_tpr"):
+            rate, need = ("0.1 %", 1000) if "0_1pct" in key else ("1 %", 100)
+            value_text = f"not resolved ({metrics.get('n_test', '?')} non-members; {rate} needs ≥ {need})"
+        else:
+            value_text = _cell(value)
+        lines.append(f"| {key} | {value_text} | {meaning.format(**counts)} |")
+    return lines
+
+
+def _timings(metrics: dict) -> list[str]:
+    seconds = {k[: -len("_seconds")]: v for k, v in metrics.items() if k.endswith("_seconds") and k != "fit_seconds"}
+    stages = metrics.get("fit_stage_seconds") or {}
+    lines = ["## Timings (seconds)", "", "| stage | seconds |", "|---|---|"]
+    for name, value in {"ingest": seconds.pop("ingest", None), "fit": metrics.get("fit_seconds"),
+                        **{f"fit: {k}": v for k, v in stages.items()}, **seconds}.items():
+        if value is not None and not isinstance(value, list | dict):
+            lines.append(f"| {name} | {_cell(value)} |")
+    return lines
+
+
+def _settings(metrics: dict) -> list[str]:
+    lines = ["## Settings", "", "| setting | value |", "|---|---|"]
+    sizes = (f"{metrics.get('n_train')} training rows, {metrics.get('n_test')} test rows, "
+             f"{metrics.get('n_features')} features")
+    lines.append(f"| data | {sizes} |")
+    for key in SETTINGS:
+        if key in metrics and not isinstance(metrics[key], dict):
+            lines.append(f"| {key} | {_cell(metrics[key])} |")
+    lines.append(f"| clusters | {metrics.get('n_clusters')} ({metrics.get('n_clusters_resumed', 0)} resumed) |")
+    return lines
+
+
 def write_report(
     out: Path,
     metrics: dict,
@@ -124,33 +205,20 @@ def write_report(
     public_dir: Path | None = None,
 ) -> str:
     """Write ``out/report.json`` and ``out/report.md`` (``out``: the owner's folder); return the
-    markdown text. With ``public_dir`` (a DP run), the fabricated rows' plot goes there and the
-    report says which folder is which."""
+    markdown text. The markdown gives the results (each explained in a line), the timings, the
+    settings, the privacy statement and where things are, in that order. With ``public_dir`` (a
+    DP run), the fabricated rows' plot goes there and the report says which folder is which."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", metrics, indent=2, default=_jsonable)
     lines = [f"# kahm-dask run: {metrics.get('name', '')}", ""]
-    if public_dir is not None:
-        lines += [
-            "## Folders",
-            "",
-            f"- `{Path(public_dir).name}/` ({public_dir}): **may be published**: `model.zarr` (DP rows "
-            f"and models fitted on them), `{STATEMENT_FILE}`, `{FABRICATED_PLOT}` (fabricated rows only).",
-            f"- `{out.name}/` ({out}): **stays with the data owner**: this report, `report.json`, "
-            "`distances.png`, `predictions.zarr`, `data/`, `work/`: everything computed on private rows "
-            "(accuracy on the private test split, membership metrics, distances, timings).",
-            "",
-        ]
-    elif metrics.get("epsilon") is None:
+    if public_dir is None and metrics.get("epsilon") is None:
         lines += [
             "Non-private run: no DP guarantee. The model store is fitted on the private rows; "
             f"it and this report stay with the data owner ({out}).",
             "",
         ]
-    lines += ["## Metrics (owner only)", "", "| metric | value |", "|---|---|"]
-    for k, v in metrics.items():
-        if not isinstance(v, (dict, list)):
-            lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+    lines += _results(metrics) + [""] + _timings(metrics) + [""] + _settings(metrics)
     if statement_markdown:
         lines += ["", statement_markdown.rstrip("\n")]
         ledger = (metrics.get("privacy") or {}).get("ledger")
@@ -166,6 +234,20 @@ def write_report(
         _plot_fabricated(public_dir / FABRICATED_PLOT, fabricated, side)
         rel = os.path.relpath(public_dir / FABRICATED_PLOT, out)
         lines += ["", "## Fabricated (DP) rows (public)", "", f"![fabricated rows]({rel})"]
+    if public_dir is not None:
+        lines += [
+            "",
+            "## Folders",
+            "",
+            f"- `{Path(public_dir).name}/` ({public_dir}): **may be published**: `model.zarr` (DP rows "
+            f"and models fitted on them), `{STATEMENT_FILE}`, `{FABRICATED_PLOT}` (fabricated rows only).",
+            f"- `{out.name}/` ({out}): **stays with the data owner** (folders 0700, files 0600): this report, "
+            "`report.json`, `distances.png`, `predictions.zarr`, `data/`, `work/`: everything computed on "
+            "private rows (accuracy on the private test split, membership metrics, distances, timings).",
+        ]
+    paths = [f"- {key}: {metrics[key]}" for key in PATHS if metrics.get(key)]
+    if paths:
+        lines += ["", "## Paths", "", *paths]
     text = "\n".join(lines) + "\n"
     write_text_atomic(out / "report.md", text)
     return text

@@ -45,15 +45,15 @@ import importlib
 import logging
 import os
 import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar, Literal
 
 import dask
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, Worker
-from distributed import progress as dask_progress
 from distributed.deploy import Cluster
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
@@ -61,21 +61,27 @@ from threadpoolctl import threadpool_limits
 
 from kahm_dask.pipeline.config import (
     ADDRESS,
+    DASHBOARD,
+    DASHBOARD_RULE,
     MEMORY,
     ClusterConfig,
     ConfigError,
     Section,
     bound,
+    dashboard_is_local,
     invalid_value,
     load_yaml,
 )
+from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.security import ALL_ROLES, TLS_PROTOCOL, TLSConfig, check_address, to_security
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 __all__ = [
     "BLAS_ENV",
     "DEFAULT_TIMEOUT",
     "ClusterConnectionError",
     "SingleThreadedBLAS",
+    "IgnoreInterrupts",
     "LocalSpec",
     "RemoteSpec",
     "SSHSpec",
@@ -125,6 +131,24 @@ class SingleThreadedBLAS(WorkerPlugin):
         self._limits.restore_original_limits()
 
 
+class IgnoreInterrupts(WorkerPlugin):
+    """Worker plugin for the worker processes of a local cluster: they ignore SIGINT.
+
+    Ctrl-C in a terminal reaches every process of its foreground group, so each worker process
+    printed its own traceback. The client process alone handles it now (one line), and closing
+    the cluster stops the workers.
+    """
+
+    name = "kahm-dask-ignore-interrupts"
+
+    def setup(self, worker: Any) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():  # signals are set there only
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextmanager
 def _blas_limited_here() -> Iterator[None]:
     """Limit this process's BLAS to one thread (for workers running in this process)."""
@@ -148,6 +172,7 @@ class LocalSpec(Section):
     memory_limit: str = field(default="auto", metadata=MEMORY)
     processes: bool = True
     tls: TLSConfig | None = None
+    dashboard_address: str | None = field(default=DASHBOARD, metadata=DASHBOARD_RULE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,6 +321,7 @@ def local_cluster(
     """
     silence_logs = _worker_log_level()
     tls = _local_tls(spec)
+    warn_exposed_dashboard(spec.dashboard_address)
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **BLAS_ENV}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
         if worker_resources is None:
@@ -305,6 +331,8 @@ def local_cluster(
                 memory_limit=spec.memory_limit,
                 processes=spec.processes,
                 silence_logs=silence_logs,
+                host="127.0.0.1" if spec.processes else None,  # threads talk in process
+                dashboard_address=spec.dashboard_address,
                 **tls,
             )
         if len(worker_resources) != spec.n_workers:
@@ -320,8 +348,23 @@ def local_cluster(
                            "options": {**options, "resources": dict(resources)}}
             for w, resources in enumerate(worker_resources)
         }
-        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": ":0", **tls}}
+        dashboard = {"dashboard_address": spec.dashboard_address} if spec.dashboard_address else {"dashboard": False}
+        scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", **dashboard, **tls}}
         return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs, **security)
+
+
+def warn_exposed_dashboard(address: str | None) -> None:
+    """Warn (:class:`~kahm_dask.privacy.randomness.PrivacyLeakWarning`) when a local cluster's
+    dashboard would listen beyond this machine's loopback interface."""
+    if address is None or dashboard_is_local(address):
+        return
+    warnings.warn(
+        f"the Dask dashboard listens on {address!r}, beyond this machine's loopback interface, with no "
+        "authentication: anyone who reaches it sees the run's tasks, progress, timings and worker logs, "
+        "computed on private rows. Keep the default 127.0.0.1 and reach it over an SSH tunnel instead.",
+        PrivacyLeakWarning,
+        stacklevel=3,
+    )
 
 
 def _local_tls(spec: LocalSpec) -> dict[str, Any]:
@@ -409,6 +452,7 @@ def _spec_for(cfg: ClusterConfig) -> ClusterSpec:
         memory_limit=cfg.memory_limit,
         processes=cfg.processes,
         tls=cfg.tls,
+        dashboard_address=cfg.dashboard_address,
     )
 
 
@@ -491,17 +535,21 @@ def connect(
         client = stack.enter_context(Client(cluster))
         if not in_process:
             client.register_plugin(SingleThreadedBLAS())
+            client.register_plugin(IgnoreInterrupts())
         logger.info("Dask dashboard: %s", client.dashboard_link)
         yield client
 
 
-def compute(job: Any, client: Client | None, *, progress: bool = False) -> Any:
-    """Compute the dask collection ``job`` on ``client`` (every task retried up to twice, a
-    progress bar if ``progress``) and return its result; without a client, on Dask's default
-    scheduler."""
+def compute(job: Any, client: Client | None, *, progress: Progress | bool = False, label: str | None = None) -> Any:
+    """Compute the dask collection ``job`` on ``client`` (every task retried up to twice) and
+    return its result; without a client, on Dask's default scheduler. With a ``label``, the
+    ``progress`` (:mod:`kahm_dask.pipeline.progress`; True: the console) shows it as a stage:
+    a bar of its tasks on a client, its time without one."""
+    progress = as_progress(progress)
     if client is None:
-        return dask.compute(job)[0]
+        with progress.stage(label) if label else nullcontext():
+            return dask.compute(job)[0]
     futures = client.compute(job, retries=2)
-    if progress:
-        dask_progress(futures, notebook=False)
+    if label:
+        progress.tasks(label, futures, client)
     return client.gather(futures)

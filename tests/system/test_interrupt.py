@@ -1,0 +1,68 @@
+"""Ctrl-C during a run: one line, a clean resume, no partial model where it could be published.
+
+Finding replayed (failed on the code before): Ctrl-C printed two worker tracebacks and
+``Aborted!``, and left a model store with 2 of 10 clusters inside ``public/``, which ``load()``
+accepted. The test sends SIGINT to the run's whole process group, as a terminal does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+PIPELINE = """\
+name: interrupted
+output: {output}
+data:
+  source: sklearn:digits
+  bounds: [0, 16]
+model:
+  n_components: 10
+  block_size: 20
+privacy:
+  epsilon: 2.0
+evaluate:
+  membership: false
+report:
+  plots: false
+cluster:
+  n_workers: 2
+"""
+
+
+def _start(cfg) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kahm_dask.cli", "run", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_prints_one_line_keeps_finished_clusters_and_publishes_nothing(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(PIPELINE.format(output=tmp_path / "run"))
+    staged = tmp_path / "run/owner/work/model.zarr/clusters"
+    proc = _start(cfg)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (staged.is_dir() and len(list(staged.iterdir())) >= 3):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the client and every worker process
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "Aborted!" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if "Interrupted" in x]
+    assert "finished cluster(s) are kept" in line and "rerun the same command to resume" in line
+    assert not (tmp_path / "run/public/model.zarr").exists()  # nothing half-made where it may be published
+    finished = sum(1 for c in staged.iterdir() if not c.name.startswith(".") and (c / "_COMPLETE.json").is_file())
+
+    rerun = subprocess.run([sys.executable, "-m", "kahm_dask.cli", "run", str(cfg)], capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    report = json.loads((tmp_path / "run/owner/report.json").read_text())
+    assert report["n_clusters_resumed"] == finished >= 3 and report["privacy"]["noise_reused"]
+    assert (tmp_path / "run/public/model.zarr/_COMPLETE.json").is_file() and not staged.exists()

@@ -1,0 +1,23 @@
+"""The layers hold: importing the core and the privacy layer loads neither Dask, Zarr, fsspec nor
+the pipeline (the privacy ledger imported the pipeline's ``location`` module before, so
+``import kahm_dask`` pulled in zarr and fsspec)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CORE = ["kahm_dask", "kahm_dask.classifier", "kahm_dask.federated", "kahm_dask.datasets", "kahm_dask.privacy",
+        "kahm_dask.privacy.ledger", "kahm_dask.privacy.release", "kahm_dask.privacy.fingerprint",
+        "kahm_dask.privacy.membership", "kahm_dask.privacy.fabrication", "kahm_dask.recipe", "kahm_dask.params"]
+FORBIDDEN = ("dask", "distributed", "dask_ml", "zarr", "fsspec", "kahm_dask.pipeline", "kahm_dask.cli")
+
+
+def test_the_core_and_privacy_layers_import_no_pipeline_and_no_dask():
+    code = (f"import importlib, json, sys\nfor m in {CORE!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       timeout=120).stdout)
+    bad = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+    assert bad == []
