@@ -98,6 +98,8 @@ def _param_type(name: str) -> click.ParamType:
     if param.choices:
         return click.Choice(param.choices)
     values = param.range
+    if values.text is not None:  # a floor said in words (ε): click checks > 0, the parameter rule the rest
+        return click.FloatRange(min=0, min_open=True)
     return (click.IntRange if values.type is Integral else click.FloatRange)(
         min=values.left, max=values.right,
         min_open=values.closed in ("right", "neither"), max_open=values.closed in ("left", "neither"),

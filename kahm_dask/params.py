@@ -46,11 +46,18 @@ class Range(Interval):
     """scikit-learn's ``Interval`` without booleans (``True`` is not the number 1 here), worded
     ``an int >= 1``, ``a float >= 0 and < 1``, ``a finite float > 0``."""
 
+    def __init__(self, *args: Any, text: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.text = text
+
     def is_satisfied_by(self, val: Any) -> bool:
         return not isinstance(val, bool) and super().is_satisfied_by(val)
 
     def bounds_text(self) -> str:
-        """``>= 1``, ``> 0``, ``>= 0 and < 1``; ``in (0, 1)`` when both ends are open."""
+        """``>= 1``, ``> 0``, ``>= 0 and < 1``; ``in (0, 1)`` when both ends are open; ``text``
+        when given (a bound better said in words)."""
+        if self.text is not None:
+            return self.text
         if self.closed == "neither" and self.left is not None and self.right is not None:
             return f"in ({self.left}, {self.right})"
         left = ">=" if self.closed in ("left", "both") else ">"
@@ -92,6 +99,12 @@ class Param:
     def range(self) -> Range | None:
         """The allowed numbers of a number parameter; None for the others."""
         return next((c for c in self.rule if isinstance(c, Range)), None)
+
+
+#: The smallest ε the release mechanism serves at its default grid (sensitivity 1025 steps):
+#: below it exp(−ε/1025) rounds to 1.0 in float64 and there is no noise law to sample
+#: (:func:`kahm_dask.privacy.noise.smallest_epsilon`; a test checks the two agree).
+MIN_EPSILON = 2.8449465006019646e-13
 
 
 def _at_least(low: int) -> Range:
@@ -160,7 +173,7 @@ PARAMS: dict[str, Param] = {
         "seeds the k-means steps only, never the DP noise (docs/algorithm.md#seed-streams)",
     ),
     "epsilon": Param(
-        (None, Range(Real, 0, None, closed="neither")),
+        (None, Range(Real, MIN_EPSILON, None, closed="left", text=f"> 0 (at least {MIN_EPSILON:.2g})")),
         "ε of the element-level DP release; None: the non-private model (docs/algorithm.md#adjacency)",
     ),
     "delta": Param(

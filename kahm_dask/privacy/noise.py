@@ -23,10 +23,62 @@ Exactness: ``r`` is a float, hence a dyadic rational, rounded *up* from ``exp(�
 ε is ``Δ·ln(1/r) ≤ ε``). A geometric variable with ``P(G ≥ g) = r^g`` is ``G = ⌊ln U / ln r⌋``
 for a uniform real ``U``. Each ``U`` starts as 64 random bits; the fast path evaluates the floor
 in float64 and accepts it only where a margin larger than every rounding error in the formula
-shows that all reals ``U`` consistent with the bits give the same ``G``. The rest (under one draw
-in 10⁷) are decided exactly: rational comparisons ``U ≤ r^g`` with Python integers,
-drawing more bits of ``U`` until the comparison is decided. The noise is thus *exactly* the
+shows that all reals ``U`` consistent with the bits give the same ``G``. The rest (the words
+below 2^40 and about ``2^-36·s ≈ 1.5·10⁻⁸/ε`` of the draws, ``s`` the scale: under one draw in
+10⁷ at ε ≥ 1, more at small ε, see *Small ε*) are decided exactly: comparisons
+``U ≤ r^g`` by interval arithmetic on Python integers (*Exact comparisons*), drawing more bits
+of ``U`` only while ``r^g`` lies strictly inside U's interval. The noise is thus *exactly* the
 discrete Laplace law, with no truncated tail.
+
+Exact comparisons: U lies in ``I = (N/2^B, (N+1)/2^B]`` (its B bits so far) and ``r = R/2^k``
+(a float). A number is a pair of ints ``(m, e)``, the value ``m·2^e``; an enclosure of ``x > 0``
+is a pair of numbers ``lo ≤ x ≤ hi``. ``1`` and ``r`` are enclosed exactly (``lo = hi``). The
+enclosure of a product ``x·y`` is ``[lo_x·lo_y rounded down, hi_x·hi_y rounded up]`` to P
+significant bits (the integer product is exact; rounding drops its low bits, and adds one
+when rounding up and a dropped bit was set). It is valid: all four bounds are ≥ 0, so
+``lo_x·lo_y ≤ x·y ≤ hi_x·hi_y``, and rounding down only lowers a lower bound, rounding up only
+raises an upper one. By induction over the products that form them, every enclosure of
+``r^g`` is valid: a table of ``r^(d·256^j)`` (d < 256, cached per ratio and precision), their
+product over the base-256 digits ``d_j`` of g (square-and-multiply above 1024 bits), and
+``r^(g+1)`` as ``r^g·r``. A comparison with ``lo ≤ r^g ≤ hi`` then concludes
+
+* ``U ≤ r^g`` for every U in I when ``(N+1)/2^B ≤ lo``;
+* ``U > r^g`` for every U in I when ``hi ≤ N/2^B``;
+* ``r^g`` strictly inside I when ``N/2^B < lo`` and ``hi < (N+1)/2^B``: some U in I lie above
+  ``r^g``, some not, so no precision can decide; 64 more bits of U are drawn;
+* nothing otherwise: P is doubled and ``r^g`` enclosed again.
+
+Each conclusion follows from ``lo ≤ r^g ≤ hi``, so it is the one the exact rational comparison
+(``(N+1)·2^(kg) ≤ R^g·2^B``, and so on) reaches, and a draw is refined exactly when that
+comparison would refine it: the same G and the same words drawn as the former exact path,
+which formed ``R**g`` and ``2**(kg)`` in full (kept in ``benchmarks/_noise_reference.py``;
+the tests compare the two draw for draw). Termination: at fixed B, doubling P ends. Each
+rounding moves a bound by a factor below ``1 + 2^(1−P)``, so ``hi/lo ≤ (1 + 2^(1−P))^W`` where W
+counts the roundings that form the enclosure, each as often as its result enters a product:
+W depends on g, not on P, and the width tends to 0 (measured: a relative width of about
+``g·2^-P``). So if ``r^g`` is not an endpoint of I, the width falls below the gap between
+them; if it is one, then once P > 1024 and ``P ≥ 53·g`` (square-and-multiply, whose exact
+products have at most ``53·g`` bits), nothing is rounded, ``lo = hi = r^g`` and one of the
+first three cases holds. A refinement picks one of 2^64 sub-intervals, of which at most one
+has ``r^g`` strictly inside: it is followed by another with probability at most 2^-64. The
+steps from the first guess ``⌊ln U / ln r⌋ − 1`` (floats) down, then up, are finitely many:
+the step down stops at g = 0 at the latest, and ``U > N/2^B > 0`` exceeds ``r^g`` for g
+large. So every draw ends with probability 1, after finitely many words in expectation.
+Cost: the first P is ``B + bitlen(g) + 40`` bits rounded up to whole words (192 at
+g ≈ 10^12), which leaves the comparison undecided (P doubled) about once in 2^37; a comparison
+takes one product of P-bit integers a base-256 digit of g, the next one (g + 1) one product:
+``O(log g · M(P))``, against ``O(M(53·g))`` for ``R**g`` (g ≈ Δ/ε).
+
+Small ε: the scale ``s = −1/ln r`` is about ``Δ/ε``, and the fast path's margin
+``2^-38·(s + t)`` grows with it (``t ≈ s`` leaves float64 fewer bits after the point), so the
+share of draws sent to the exact path grows like ``2^-36·s``: 1.5·10⁻⁵ at ε = 10⁻³, 0.15 %
+at 10⁻⁵, 15 % at 10⁻⁷ and every draw at 10⁻⁹. The law does not change; the exact path takes
+about 10 µs a draw whatever ε (where ``R**g`` took 0.8 s at ε = 10⁻² and 23 s at ε = 10⁻³),
+so a release at ε ≤ 10⁻⁹ takes about 10 s a million entries instead of 0.07 s. The smallest
+ε served is :func:`smallest_epsilon` (Δ), 2.8e-13 at Δ = 1025: below it ``exp(−ε/Δ)``, rounded
+up, is 1.0 in float64, there is no law to sample, and :class:`GridLaplace` refuses such ε.
+Just above it r is coarse (``1 − r`` is a multiple of 2^-53): ``epsilon_used`` (≤ ε, in the
+statement) falls to 0.4 ε there, i.e. the noise is wider than asked, never narrower.
 
 As ``k → ∞`` the released value tends to the paper's Laplace(d/ε) noise; at the default
 ``k = 1024`` the grid step is d/1024, far below the noise scale d/ε.
@@ -50,7 +102,9 @@ True
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -66,6 +120,7 @@ __all__ = [
     "discrete_laplace",
     "bernoulli",
     "laplace_ratio",
+    "smallest_epsilon",
 ]
 
 #: Grid steps per d (k): the grid step is d / k.
@@ -92,6 +147,37 @@ def laplace_ratio(epsilon: float, sensitivity: int) -> float:
     return math.nextafter(math.nextafter(r, 1.0), 1.0)
 
 
+@lru_cache(maxsize=16)
+def smallest_epsilon(sensitivity: int) -> float:
+    """The smallest ε the mechanism serves at sensitivity Δ: the least float ε with
+    ``laplace_ratio(ε, Δ) < 1`` (about ``2.5·2^-53·Δ``: 2.8e-13 at the default Δ = 1025).
+
+    Below it ``exp(−ε/Δ)``, rounded up, is 1.0: float64 has no ratio between ``1 − 2^-53`` and 1,
+    and at r = 1 the law is no law (infinitely wide). Found by bisection on the floats.
+
+    >>> eps = smallest_epsilon(1025)
+    >>> laplace_ratio(eps, 1025) < 1.0 == laplace_ratio(math.nextafter(eps, 0.0), 1025)
+    True
+    """
+    lo, hi = _float_bits(0.0), _float_bits(float(sensitivity) * 2.0**-40)  # r = 1.0 at lo, r < 1 at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if laplace_ratio(_bits_float(mid), sensitivity) < 1.0:
+            hi = mid
+        else:
+            lo = mid
+    return _bits_float(hi)
+
+
+def _float_bits(x: float) -> int:
+    """The bits of a float ≥ 0 as an int: in the order of the floats."""
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _bits_float(i: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", i))[0]
+
+
 # ---------------------------------------------------------------- exact samplers
 
 
@@ -110,20 +196,138 @@ def _at_most(N: int, B: int, num: int, den: int, source: NoiseSource) -> tuple[b
         N, B = _refine(N, B, source)
 
 
+# Interval arithmetic on dyadic numbers m·2^e (ints m ≥ 0 and e): enclosures of r^g, so that the
+# exact path compares U with r^g at a cost that grows like log g, not like g (module docstring).
+
+#: r^g is the product of the table entries r^(d·256^j) over the base-256 digits d of g.
+_DIGIT_BITS = 8
+#: Working precision P = B + bitlen(g) + guard bits, rounded up to whole 64-bit words: the
+#: enclosure is then narrower than 2^-(B + 38), and leaves U ≤ r^g open (P doubled) for about
+#: one comparison in 2^37.
+_GUARD_BITS = 40
+#: Above this precision (reached only by doubling, with probability about 2^-P), r^g is formed
+#: by square-and-multiply: no table of 256 entries per digit at that precision.
+_TABLE_PRECISION = 1024
+
+
+def _floor_to(m: int, e: int, P: int) -> tuple[int, int]:
+    """``m·2^e`` rounded down to at most P significant bits: ``(m', e')``, ``m'·2^e' ≤ m·2^e``."""
+    x = m.bit_length() - P
+    return (m >> x, e + x) if x > 0 else (m, e)
+
+
+def _ceil_to(m: int, e: int, P: int) -> tuple[int, int]:
+    """``m·2^e`` rounded up to P significant bits (P + 1 on a carry): ``m'·2^e' ≥ m·2^e``."""
+    x = m.bit_length() - P
+    return (-(-m >> x), e + x) if x > 0 else (m, e)
+
+
+def _times(a: tuple[int, int, int, int], b: tuple[int, int, int, int], P: int) -> tuple[int, int, int, int]:
+    """``(lo_m, lo_e, hi_m, hi_e)`` of a product: ``[lo_a·lo_b rounded down, hi_a·hi_b rounded up]``.
+
+    For enclosures ``0 ≤ lo_a ≤ x ≤ hi_a`` and ``0 ≤ lo_b ≤ y ≤ hi_b`` it encloses ``x·y``.
+    """
+    return _floor_to(a[0] * b[0], a[1] + b[1], P) + _ceil_to(a[2] * b[2], a[3] + b[3], P)
+
+
+def _ratio_bounds(ratio: float) -> tuple[int, int, int, int]:
+    """r itself, exactly: ``r = R/2^k`` (a float), so ``lo = hi = R·2^-k``."""
+    R, D = ratio.as_integer_ratio()
+    return (R, 1 - D.bit_length(), R, 1 - D.bit_length())
+
+
+@lru_cache(maxsize=32)
+def _digit_table(ratio: float, P: int, n_digits: int) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+    """Row j, column d: an enclosure of ``r^(d·256^j)`` at P bits (j < n_digits, d < 256)."""
+    base = _ratio_bounds(ratio)  # r^(256^0), exact
+    rows = []
+    for _ in range(n_digits):
+        row = [(1, 0, 1, 0)]  # r^0 = 1, exact
+        for _ in range(1, 1 << _DIGIT_BITS):
+            row.append(_times(row[-1], base, P))
+        rows.append(tuple(row))
+        base = _times(row[-1], base, P)  # r^(255·256^j) · r^(256^j) = r^(256^(j+1))
+    return tuple(rows)
+
+
+def _power_bounds(ratio: float, g: int, P: int) -> tuple[int, int, int, int]:
+    """``(lo_m, lo_e, hi_m, hi_e)`` with ``lo_m·2^lo_e ≤ r^g ≤ hi_m·2^hi_e`` (g ≥ 0), at P bits."""
+    bounds = (1, 0, 1, 0)
+    if P > _TABLE_PRECISION:  # square-and-multiply
+        square = _ratio_bounds(ratio)  # r^(2^i)
+        while g:
+            if g & 1:
+                bounds = _times(bounds, square, P)
+            g >>= 1
+            if g:
+                square = _times(square, square, P)
+        return bounds
+    for row in _digit_table(ratio, P, -(-g.bit_length() // _DIGIT_BITS)):
+        d = g & ((1 << _DIGIT_BITS) - 1)
+        g >>= _DIGIT_BITS
+        if d:
+            bounds = _times(bounds, row[d], P)
+    return bounds
+
+
+def _leq(a: int, ea: int, b: int, eb: int) -> bool:
+    """``a·2^ea ≤ b·2^eb`` for ints a, b ≥ 0, exactly."""
+    return a <= b << (eb - ea) if eb >= ea else a << (ea - eb) <= b
+
+
+def _precision(B: int, g: int) -> int:
+    """The first working precision of a comparison of U (B bits) with r^g: ≥ 64 bits."""
+    return max(64, -(-(B + g.bit_length() + _GUARD_BITS) // 64) * 64)
+
+
+def _at_most_power(
+    N: int, B: int, g: int, ratio: float, source: NoiseSource, memo: dict | None = None
+) -> tuple[bool, int, int]:
+    """Decide ``U ≤ r^g`` exactly for U in (N/2^B, (N+1)/2^B], refining U as needed.
+
+    The decisions and refinements of ``_at_most(N, B, R**g, D**g, source)`` (``r = R/D``), from
+    an enclosure ``lo ≤ r^g ≤ hi`` at P bits: true when ``(N+1)/2^B ≤ lo``, false when
+    ``hi ≤ N/2^B``; U refined when ``N/2^B < lo`` and ``hi < (N+1)/2^B`` (r^g strictly inside
+    U's interval: no precision decides); else P doubled. ``memo`` (one draw's): enclosures by
+    ``(g, P)``; that of r^g is then that of r^(g−1) times r when known (one product, not one a
+    digit).
+    """
+    if g == 0:
+        return True, N, B  # r^0 = 1 ≥ (N + 1)/2^B
+    memo = {} if memo is None else memo
+    P = 0
+    while True:
+        P = max(P, _precision(B, g))
+        bounds = memo.get((g, P))
+        if bounds is None:
+            below = memo.get((g - 1, P))
+            bounds = _power_bounds(ratio, g, P) if below is None else _times(below, _ratio_bounds(ratio), P)
+            memo[(g, P)] = bounds
+        lo_m, lo_e, hi_m, hi_e = bounds
+        if _leq(N + 1, -B, lo_m, lo_e):
+            return True, N, B
+        if _leq(hi_m, hi_e, N, -B):
+            return False, N, B
+        if not _leq(lo_m, lo_e, N, -B) and not _leq(N + 1, -B, hi_m, hi_e):
+            N, B = _refine(N, B, source)
+        else:
+            P *= 2
+
+
 def _geometric_exact(word: int, ratio: float, source: NoiseSource) -> int:
     """``max{g : U ≤ r^g}`` for the uniform U whose first 64 bits are ``word``."""
-    R, D = ratio.as_integer_ratio()
     N, B = int(word), 64
     while N < 1 << 40:
         N, B = _refine(N, B, source)
     g = max(0, int(math.floor((math.log(N) - B * math.log(2.0)) / math.log(ratio))) - 1)
+    memo: dict = {}
     while g > 0:  # step down until U ≤ r^g is certain
-        ok, N, B = _at_most(N, B, R**g, D**g, source)
+        ok, N, B = _at_most_power(N, B, g, ratio, source, memo)
         if ok:
             break
         g -= 1
     while True:  # then up while U ≤ r^(g+1)
-        ok, N, B = _at_most(N, B, R ** (g + 1), D ** (g + 1), source)
+        ok, N, B = _at_most_power(N, B, g + 1, ratio, source, memo)
         if not ok:
             return g
         g += 1
@@ -159,7 +363,7 @@ def geometric(n: int, ratio: float, source: NoiseSource, *, margin_rel: float = 
     certain &= words >= _FAST_MIN_WORD
     out = lo.astype(np.int64)
     del lo
-    for i in np.flatnonzero(~certain):  # under 1e-7 of the draws (words < 2**40 and near-integer t)
+    for i in np.flatnonzero(~certain):  # words < 2**40 and t near an integer: about 2**-36 s of the draws
         out[i] = _geometric_exact(int(words[i]), ratio, source)
     return out
 
@@ -210,7 +414,7 @@ class GridLaplace:
 
     Parameters
     ----------
-    epsilon : float > 0
+    epsilon : float ≥ :func:`smallest_epsilon` (Δ) (2.8e-13 at the default resolution)
     lower, upper : (p,) public bounds of each feature; entries are clipped to them.
     delta : float in [0, 1), default 0 (pure ε-DP). The probability of the atom at 0.
     d : (p,) or float or None
@@ -243,7 +447,17 @@ class GridLaplace:
         set_(self, "d", np.array(d, dtype=np.float64))
         set_(self, "delta", float(self.delta))
         set_(self, "step", self.d / self.resolution)
-        set_(self, "ratio", laplace_ratio(self.epsilon, self.sensitivity_steps))
+        ratio = laplace_ratio(self.epsilon, self.sensitivity_steps)
+        if not ratio < 1.0:
+            smallest = smallest_epsilon(self.sensitivity_steps)
+            raise ValueError(
+                f"epsilon = {self.epsilon!r} is below the smallest supported epsilon, {smallest:.4g} at "
+                f"resolution {self.resolution} (sensitivity {self.sensitivity_steps} steps): the noise ratio "
+                f"r = exp(-epsilon/{self.sensitivity_steps}), rounded up to a float64, is 1.0 at this epsilon, and "
+                "at r = 1 there is no discrete Laplace law to sample (its scale is infinite). Use "
+                f"epsilon >= {smallest!r} (or a smaller resolution)."
+            )
+        set_(self, "ratio", ratio)
 
     @property
     def n_features(self) -> int:

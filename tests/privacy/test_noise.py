@@ -22,6 +22,8 @@ import pytest
 from scipy import stats
 
 import kahm_dask.privacy.noise as noise_mod
+from benchmarks._noise_reference import at_most as old_at_most
+from benchmarks._noise_reference import old_exact_path
 from kahm_dask.privacy.noise import (
     BLOCK_ROWS,
     DEFAULT_RESOLUTION,
@@ -30,6 +32,7 @@ from kahm_dask.privacy.noise import (
     discrete_laplace,
     geometric,
     laplace_ratio,
+    smallest_epsilon,
 )
 from kahm_dask.privacy.randomness import (
     InsecureSeededRandom,
@@ -180,6 +183,263 @@ def test_geometric_rejects_bad_ratio():
     for bad in (0.0, 1.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="ratio"):
             geometric(3, bad, _seeded(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# small ε: the exact path by interval arithmetic, its law, its work, and the smallest ε
+# ---------------------------------------------------------------------------------------------
+
+SMALL_RATIO = laplace_ratio(1e-6, DEFAULT_RESOLUTION + 1)  # s = −1/ln r ≈ 1.0e9
+_COMPARED_RATIOS = [0.5, 0.9, DIGITS_RATIO, laplace_ratio(1e-3, 1025), SMALL_RATIO, 0.6180339887498949]
+
+
+def _u_bits(words) -> tuple[int, int]:
+    """U's bits (N, B) from the words a draw used: the first word, then each refinement."""
+    N, B = 0, 0
+    for w in words:
+        N, B = (N << 64) | int(w), B + 64
+    return N, B
+
+
+def _both_comparisons(N: int, B: int, g: int, ratio: float, seed: int):
+    """(decision, N, B, words drawn) of the old rational comparison and of the new one."""
+    R, D = ratio.as_integer_ratio()
+    old_src, new_src = ScriptedSource(seed=seed), ScriptedSource(seed=seed)
+    old = old_at_most(N, B, R**g, D**g, old_src)
+    new = noise_mod._at_most_power(N, B, g, ratio, new_src)
+    return (*old, old_src.given), (*new, new_src.given)
+
+
+@pytest.mark.parametrize("ratio", _COMPARED_RATIOS)
+def test_interval_comparison_agrees_with_the_rational_one(ratio):
+    """U ≤ r^g on random (N, B, g) where R**g is affordable (g ≤ 4000): the same decision and
+    the same refinements (the same words drawn), half of the intervals next to r^g."""
+    rng = np.random.default_rng(int(ratio * 1e6))
+    R, D = ratio.as_integer_ratio()
+    for case in range(150):
+        B = int(rng.choice([64, 128, 192, 640]))
+        g = int(rng.integers(0, 4001))
+        if case % 2:
+            N = int.from_bytes(rng.bytes(B // 8), "little")  # a uniform B-bit U
+        else:  # an interval next to r^g: the floor of r^g·2^B, ±2
+            N = min(max((R**g << B) // D**g + int(rng.integers(-2, 3)), 0), 2**B - 1)
+        old, new = _both_comparisons(N, B, g, ratio, seed=case)
+        assert new == old, (ratio, N, B, g)
+
+
+@pytest.mark.parametrize("ratio", [DIGITS_RATIO, SMALL_RATIO, 0.9])
+@pytest.mark.parametrize("g", [1, 2, 7, 40, 300])
+@pytest.mark.parametrize("extra", [0, 11, 64])
+def test_interval_comparison_on_an_endpoint(ratio, g, extra):
+    """r^g = M/2^(kg) an endpoint of U's interval (B = kg + extra bits): no enclosure of
+    positive width decides, only the exact one (here at the first precision: r^g has at most
+    B < P bits). Right endpoint: U ≤ r^g for every U; left endpoint: U > r^g. No word drawn."""
+    R, D = ratio.as_integer_ratio()
+    k = D.bit_length() - 1
+    B = k * g + extra
+    M = R**g << extra  # r^g = M / 2^B exactly
+    for N, expected in ((M - 1, True), (M, False), (M - 2, True), (M + 1, False)):
+        old, new = _both_comparisons(N, B, g, ratio, seed=g)
+        assert new == old and new[0] is expected and new[3] == [], (N, B, g)
+
+
+@pytest.mark.parametrize("ratio", [0.9, DIGITS_RATIO, SMALL_RATIO])
+def test_interval_comparison_raises_its_precision_when_undecided(ratio, monkeypatch):
+    """With the first precision forced down to 64 bits (too little for most intervals) and
+    square-and-multiply above it, the comparison must double P until it decides, and still
+    give the rational comparison's answers and refinements."""
+    monkeypatch.setattr(noise_mod, "_GUARD_BITS", -(10**6))
+    monkeypatch.setattr(noise_mod, "_TABLE_PRECISION", 64)
+    precisions = []
+    real = noise_mod._power_bounds
+
+    def spy(r, g, P):
+        precisions.append(P)
+        return real(r, g, P)
+
+    monkeypatch.setattr(noise_mod, "_power_bounds", spy)
+    R, D = ratio.as_integer_ratio()
+    rng = np.random.default_rng(20)
+    for case in range(60):
+        B, g = int(rng.choice([64, 128])), int(rng.integers(1, min(3000, 30 / -math.log(ratio)) + 1))
+        N = min(max((R**g << B) // D**g + int(rng.integers(-2, 3)), 0), 2**B - 1)
+        old, new = _both_comparisons(N, B, g, ratio, seed=case)
+        assert new == old, (N, B, g)
+    assert min(precisions) == 64 and max(precisions) >= 128  # started too low, and doubled
+
+
+def test_interval_comparison_refines_when_r_power_is_inside():
+    """r^g strictly inside U's 64-bit interval (at ε = 1e-6, g ≈ 7·10^8): more bits are drawn,
+    exactly as many as the rational comparison needs, and the answer is exact in Decimal."""
+    g = 700_000_123
+    with localcontext() as ctx:
+        ctx.prec = 80
+        power = (Decimal(Fraction(SMALL_RATIO).numerator) / Decimal(Fraction(SMALL_RATIO).denominator)).ln() * g
+        N = int((power.exp() * 2**64).to_integral_value(rounding="ROUND_FLOOR"))  # r^g in (N, N+1]/2^64
+    for seed in range(5):
+        src = ScriptedSource(seed=seed)
+        ok, N2, B2 = noise_mod._at_most_power(N, 64, g, SMALL_RATIO, src)
+        assert B2 >= 128 and len(src.given) == (B2 - 64) // 64 and N2 >> (B2 - 64) == N
+        with localcontext() as ctx:
+            ctx.prec = 80
+            lo, hi = (Decimal(N2) / Decimal(2) ** B2).ln(), (Decimal(N2 + 1) / Decimal(2) ** B2).ln()
+            assert (hi <= power) if ok else (lo >= power)
+            assert min(abs(hi - power), abs(lo - power)) > Decimal(10) ** -60  # Decimal decides it
+
+
+_EXTREME_WORDS = [0, 1, 2**20, 2**40 - 1, 2**40, 2**63, 2**64 - 1]
+
+
+@pytest.mark.parametrize(
+    "ratio, script, n",
+    [(0.5, _EXTREME_WORDS, 300), (0.9, _EXTREME_WORDS, 300), (DIGITS_RATIO, _EXTREME_WORDS, 300),
+     (laplace_ratio(0.1, 1025), _EXTREME_WORDS[4:], 40)],  # ε = 0.1: ~70 ms a draw for the old path
+)
+def test_exact_path_equals_the_old_exact_path_draw_for_draw(ratio, script, n):
+    """Every draw of geometric() through the exact path (margin_rel=1.0), the extreme words
+    included: the same G and the same words drawn as the old rational exact path, so a source
+    of words gives the same release as before."""
+    new_src, old_src = ScriptedSource(script, seed=19), ScriptedSource(script, seed=19)
+    new = geometric(n, ratio, new_src, margin_rel=1.0)
+    with old_exact_path():
+        old = geometric(n, ratio, old_src, margin_rel=1.0)
+    np.testing.assert_array_equal(new, old)
+    assert new_src.given == old_src.given
+    assert len(new_src.given) > n if script[0] < 2**40 else len(new_src.given) >= n  # small words refine
+
+
+def _dl_cdf_exact(z, r: float) -> np.ndarray:
+    """P(Z ≤ z) of the discrete Laplace law of ratio r, in 50-digit Decimal (then rounded):
+    r^(−z)/(1 + r) for z < 0 and 1 − r^(z+1)/(1 + r) for z ≥ 0."""
+    with localcontext() as ctx:
+        ctx.prec = 50
+        rd = Decimal(Fraction(r).numerator) / Decimal(Fraction(r).denominator)
+        ln_r = rd.ln()
+
+        def one(zi: int) -> float:
+            if zi < 0:
+                return float((ln_r * -zi).exp() / (1 + rd))
+            return float(1 - (ln_r * (zi + 1)).exp() / (1 + rd))
+
+        return np.array([one(int(zi)) for zi in np.atleast_1d(z)])
+
+
+def test_small_epsilon_law_through_the_exact_path():
+    """ε = 1e-6 (s ≈ 1e9), every draw through the exact path: the empirical law against the
+    exact cdf. Two checks at fixed levels, on 30 bins of equal probability with integer edges
+    chosen before the draws: chi-square at α = 1e-3 (each bin expects ~6 700 draws: the
+    asymptotic law is accurate), and the DKW bound sup|F_n − F| ≤ √(ln(2/α)/2n) at α = 1e-6,
+    which holds for every law, so a correct sampler fails it with probability ≤ 1e-6. The
+    chi-square has power: the same draws fail against a law 2 % wider (p < 1e-6)."""
+    n, r = 200_000, SMALL_RATIO
+    z = discrete_laplace(n, r, _seeded(21), margin_rel=1.0)
+    s = -1.0 / math.log(r)
+    # integer edges at the 1/30 … 29/30 quantiles of the continuous approximation (not data)
+    qs = np.linspace(0, 1, 31)[1:-1]
+    edges = np.floor(np.where(qs < 0.5, s * np.log(2 * qs), -s * np.log(2 * (1 - qs)))).astype(np.int64)
+    cdf = _dl_cdf_exact(edges, r)
+    probs = np.diff(np.concatenate([[0.0], cdf, [1.0]]))
+    observed = np.bincount(np.searchsorted(edges, z, side="left"), minlength=probs.size)
+    assert probs.min() > 0.03 and observed.sum() == n
+    assert stats.chisquare(observed, probs * n).pvalue > 1e-3
+    empirical = np.cumsum(observed)[:-1] / n
+    assert np.abs(empirical - cdf).max() <= math.sqrt(math.log(2 / 1e-6) / (2 * n))
+    wider = 1 - 1 / (1.02 * s)  # the ratio of a scale 2 % larger
+    probs_w = np.diff(np.concatenate([[0.0], _dl_cdf_exact(edges, wider), [1.0]]))
+    assert stats.chisquare(observed, probs_w * n).pvalue < 1e-6
+    # exact tail: P(|Z| ≥ m) = 2 r^m / (1 + r), at m = s·ln 10 (about 1/10 of the draws)
+    m = int(s * math.log(10.0))
+    tail = 2 * _dl_cdf_exact([-m], r)[0]
+    k = np.count_nonzero(np.abs(z) >= m)
+    assert abs(k - n * tail) <= 5 * math.sqrt(n * tail * (1 - tail))
+
+
+def test_small_epsilon_exact_path_results_are_exact():
+    """Each result g of the exact path at ε = 1e-6 satisfies r^(g+1) < U ≤ r^g for every U of
+    its 64 bits, checked in 80-digit Decimal logarithms (independent of the integer code)."""
+    src = ScriptedSource(seed=22)
+    g = geometric(2000, SMALL_RATIO, src, margin_rel=1.0)
+    assert len(src.given) == 2000  # no draw of this seed needed more bits
+    with localcontext() as ctx:
+        ctx.prec = 80
+        ln_r = (Decimal(Fraction(SMALL_RATIO).numerator) / Decimal(Fraction(SMALL_RATIO).denominator)).ln()
+        two64 = Decimal(2) ** 64
+        tiny = Decimal(10) ** -60
+        for word, gi in zip(src.given, g, strict=True):
+            assert word >= 2**40
+            upper = (Decimal(word + 1) / two64).ln()  # ln of the interval's right end
+            lower = (Decimal(word) / two64).ln()
+            assert upper <= ln_r * int(gi) - tiny  # U ≤ r^g, decided with room
+            assert lower >= ln_r * (int(gi) + 1) + tiny  # U > r^(g+1)
+
+
+class CountingSource:
+    """Fresh seeded words (not reproducible: drawn in one piece like a secure source); counts them."""
+
+    reproducible = False
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.count = 0
+
+    def words(self, n: int) -> np.ndarray:
+        self.count += int(n)
+        return self.rng.integers(0, 2**64, size=n, dtype=np.uint64, endpoint=False)
+
+    def for_block(self, block: int) -> CountingSource:
+        return self
+
+
+def test_work_at_epsilon_1e_minus_9_is_bounded(monkeypatch):
+    """ε = 1e-9 (s ≈ 1e12: the fast path's margin rejects every draw, g ≈ 7·10^11) on 10 000
+    entries: the work is counted, not timed. Words drawn: the 10 000 magnitudes and 157 words
+    of signs, plus at most 16 for redraws and refinements (expected: about 10^-3 in all).
+    Integers: every product of the interval arithmetic has at most 2P = 384 bits (P = 192 =
+    64·⌈(64 + bitlen g + 40)/64⌉ for g < 2^88), where R**g has 53·g ≈ 4·10^13 bits. Products:
+    at most 2·(8 + 3) an entry (lo and hi; one a base-256 digit of g < 2^64, then one per
+    step up or down, three at most here) plus the digit tables (2·256 a row, at most 8 rows, at
+    most 4 tables: one per digit count and precision used)."""
+    n = 10_000
+    work = {"products": 0, "bits": 0}
+    real = noise_mod._times
+
+    def counting_times(a, b, P):
+        work["products"] += 2
+        work["bits"] = max(work["bits"], (a[0] * b[0]).bit_length(), (a[2] * b[2]).bit_length())
+        return real(a, b, P)
+
+    monkeypatch.setattr(noise_mod, "_times", counting_times)
+    noise_mod._digit_table.cache_clear()
+    mech = GridLaplace(1e-9, np.zeros(100), np.ones(100))
+    src = CountingSource(23)
+    out = mech.release(np.full((100, 100), 0.5), src)
+    assert np.isfinite(out).all()
+    assert n + -(-n // 64) <= src.count <= n + -(-n // 64) + 16
+    assert 0 < work["bits"] <= 384
+    assert work["products"] <= 2 * (8 + 3) * n + 4 * 8 * 2 * 256
+
+
+def test_smallest_epsilon_is_where_the_ratio_leaves_one():
+    for k in (1, 16, 1024, 4096):
+        delta_steps = k + 1
+        m = smallest_epsilon(delta_steps)
+        assert laplace_ratio(m, delta_steps) < 1.0  # served
+        assert laplace_ratio(math.nextafter(m, 0.0), delta_steps) == 1.0  # the float below: not
+        assert m == pytest.approx(2.5 * 2.0**-53 * delta_steps, rel=0.05)  # exp(−ε/Δ) ≤ 1 − 2.5·2^-53
+    m = smallest_epsilon(DEFAULT_RESOLUTION + 1)
+    mech = GridLaplace(m, np.zeros(2), np.ones(2))
+    assert 0 < mech.epsilon_used <= m
+    assert np.isfinite(mech.release(np.full((3, 2), 0.5), CountingSource(24))).all()
+
+
+@pytest.mark.parametrize("eps, resolution", [(1e-14, 1024), (1e-13, 1024), (1e-20, 1024), (5e-16, 1)])
+def test_too_small_epsilon_is_refused_early_with_the_smallest(eps, resolution):
+    smallest = smallest_epsilon(resolution + 1)
+    assert eps < smallest
+    with pytest.raises(ValueError, match="smallest supported epsilon") as info:
+        GridLaplace(eps, np.zeros(2), np.ones(2), resolution=resolution)
+    message = str(info.value)
+    assert repr(eps) in message and f"{smallest:.4g}" in message and "1.0" in message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,3 +790,12 @@ def test_describe_and_defaults():
     assert info["sensitivity_steps"] == 1025 and "discrete Laplace" in info["mechanism"]
     assert GridLaplace(2.0, np.zeros(2), np.ones(2), d=0.5).describe()["d"] == 0.5
     assert mech.release(np.zeros((0, 3))).shape == (0, 3)
+
+
+def test_the_parameter_table_declares_the_smallest_epsilon_the_mechanism_serves():
+    from kahm_dask.params import MIN_EPSILON, PARAMS
+    from kahm_dask.privacy.noise import DEFAULT_RESOLUTION, smallest_epsilon
+
+    assert MIN_EPSILON == smallest_epsilon(DEFAULT_RESOLUTION + 1)
+    assert PARAMS["epsilon"].range.is_satisfied_by(MIN_EPSILON)
+    assert not PARAMS["epsilon"].range.is_satisfied_by(math.nextafter(MIN_EPSILON, 0.0))
