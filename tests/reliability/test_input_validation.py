@@ -77,6 +77,7 @@ def _check(case: Case, ctx) -> None:
 
 # --------------------------------------------------------------------------- the estimator
 
+EPSILON_RULE = r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)"
 ESTIMATOR = {
     "nan": Case(lambda f: _clf().fit(_with(np.nan), Y), ValueError, r"contains NaN", r"imput"),
     "inf": Case(lambda f: _clf().fit(_with(np.inf), Y), ValueError, r"infinity"),
@@ -96,15 +97,15 @@ ESTIMATOR = {
     "predict: rank 1": Case(lambda f: f.predict(X[0]), ValueError, r"Expected 2D array", r"reshape"),
     "predict: unfitted": Case(lambda f: _clf().predict(X), Exception, r"not fitted", r"call 'fit'"),
     "epsilon = 0": Case(lambda f: _clf(epsilon=0.0).fit(X, Y), ValueError,
-                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)\. Got 0\.0"),
+                        EPSILON_RULE + r"\. Got 0\.0"),
     "epsilon < 0": Case(lambda f: _clf(epsilon=-1.0).fit(X, Y), ValueError,
-                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)\. Got -1\.0"),
+                        EPSILON_RULE + r"\. Got -1\.0"),
     "epsilon nan": Case(lambda f: _clf(epsilon=np.nan).fit(X, Y), ValueError,
-                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)\. Got nan"),
+                        EPSILON_RULE + r"\. Got nan"),
     "epsilon inf": Case(lambda f: _clf(epsilon=np.inf).fit(X, Y), ValueError,
-                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)\. Got inf"),
+                        EPSILON_RULE + r"\. Got inf"),
     "epsilon str": Case(lambda f: _clf(epsilon="2").fit(X, Y), TypeError,
-                        r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)\. Got '2'"),
+                        EPSILON_RULE + r"\. Got '2'"),
     "delta = 1": Case(lambda f: _clf(epsilon=1.0, delta=1.0).fit(X, Y), ValueError,
                       r"'delta' parameter of KAHMClassifier must be a float >= 0 and < 1\. Got 1\.0"),
     "delta < 0": Case(lambda f: _clf(epsilon=1.0, delta=-0.1).fit(X, Y), ValueError,
