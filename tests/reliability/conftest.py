@@ -110,6 +110,12 @@ def run_stores(run: Path) -> tuple[Path, Path]:
     return Path(run) / "public" / "model.zarr", Path(run) / "owner" / "predictions.zarr"
 
 
+def staged_model(run: Path) -> Path:
+    """The model store of a run folder while it is trained: staged in the owner's work store,
+    moved to ``public/`` when every cluster is written."""
+    return Path(run) / "owner" / "work" / "model.zarr"
+
+
 def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
     """Copy the data stores (with their ledger) and the stored noisy rows (with their marker
     and noise_id) of the run folder ``src_run`` into a new run folder ``dst_run``: a run there

@@ -25,8 +25,10 @@ import zarr
 
 from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.modelstore import load_cluster
+from kahm_dask.pipeline.store import open_dataset
 
 from .._cluster import wait_for
+from .._ledgers import ledger_of
 from .conftest import (
     RowScanner,
     assert_same_fingerprint,
@@ -35,6 +37,7 @@ from .conftest import (
     pipeline_yaml,
     run_fingerprint,
     run_stores,
+    staged_model,
     start_from_noise_of,
 )
 
@@ -73,6 +76,7 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_run, basel
     if drawn_seed:
         seed_file.write_text(json.dumps({"seed": 11}))
     model, pred = run_stores(tmp_path / "run")
+    staged = staged_model(tmp_path / "run")  # where the clusters are written until the run completes
     noisy = tmp_path / "run" / "owner" / "work" / "X_noisy" / "_COMPLETE.json"
     noise_marker = noisy.read_text()
     env = {**os.environ, **BLAS_ENV}
@@ -80,7 +84,7 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_run, basel
         proc = subprocess.Popen(_command(cfg), cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own process group: pgid == pid
     try:
-        wait_for(lambda: complete_clusters(model) >= 2 or proc.poll() is not None, 600, "no cluster finished")
+        wait_for(lambda: complete_clusters(staged) >= 2 or proc.poll() is not None, 600, "no cluster finished")
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
         if how.startswith("SIGKILL"):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -95,12 +99,13 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_run, basel
         if _alive_in_group(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
 
-    planned, done = n_planned_clusters(model), complete_clusters(model)
+    planned, done = n_planned_clusters(staged), complete_clusters(staged)
     print(f"{how}: {done}/{planned} clusters complete at the kill")
     assert 1 <= done < planned, "the kill did not land mid-training"
+    assert not model.exists()  # nothing half-made where it may be published
     assert seed_file.exists() == drawn_seed
     leftovers = []
-    for d in (model / "clusters").iterdir():  # nothing half-written is readable
+    for d in (staged / "clusters").iterdir():  # nothing half-written is readable
         if not (d / "_COMPLETE.json").exists():
             assert d.name.startswith("."), f"{d.name} is visible but incomplete"
             leftovers.append(d.name)
@@ -123,8 +128,8 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_run, basel
 
     assert_same_fingerprint(baseline_fingerprint, resumed)
     assert noisy.read_text() == noise_marker  # the noisy rows were never redrawn
-    assert len(json.loads((tmp_path / "run" / "owner" / "data" / "train.zarr.privacy-ledger.json")
-                          .read_text())["entries"]) == 1
+    ledger = ledger_of(open_dataset(tmp_path / "run" / "owner" / "data" / "train.zarr"))
+    assert [e["release_id"] for e in ledger.entries] == [report["privacy"]["release_id"]]  # charged once
     if drawn_seed:
         assert json.loads(seed_file.read_text()) == {"seed": 11}
         assert report["seed"] == 11

@@ -34,6 +34,7 @@ from .conftest import (
     run_pipeline_file,
     run_stores,
     sigkill,
+    staged_model,
     start_from_noise_of,
 )
 
@@ -74,17 +75,18 @@ class Background:
 def test_worker_killed_mid_training(tmp_path, baseline_run, baseline_fingerprint):
     start_from_noise_of(baseline_run, tmp_path / "run")
     model, pred = run_stores(tmp_path / "run")
+    staged = staged_model(tmp_path / "run")  # the clusters are written there until the run completes
     with subprocess_cluster(tmp_path / "cluster", 2) as cluster, Client(cluster.address) as client:
         cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", scheduler=cluster.address)
         job = Background(lambda: run_pipeline_file(cfg, client))
-        wait_for(lambda: complete_clusters(model) >= 1 or not job.thread.is_alive(), 300,
+        wait_for(lambda: complete_clusters(staged) >= 1 or not job.thread.is_alive(), 300,
                  "no cluster finished")
         victim = None
         deadline = time.monotonic() + 60
         while victim is None and time.monotonic() < deadline and job.thread.is_alive():
             victim = _busy_worker(client, cluster, "train_cluster")
             time.sleep(0.01)
-        done, planned = complete_clusters(model), n_planned_clusters(model)
+        done, planned = complete_clusters(staged), n_planned_clusters(staged)
         assert victim is not None, "no worker was training a cluster"
         sigkill(victim)
         metrics = job.join(600)
