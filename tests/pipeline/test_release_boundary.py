@@ -94,6 +94,8 @@ def test_run_folder_is_split_at_the_release_boundary(quickstart_run):
     entry = entries[metrics["privacy"]["release_id"]]  # (other tests of this session release digits too)
     assert entry["unit"] == "entry" and entry["mechanism"]["upper"] == 1.0
     assert ledger_file.stat().st_mode & 0o077 == 0 and not ledger_file.is_relative_to(public)
+    for path in (owner, *owner.rglob("*")):  # owner-side: no other user reads anything (was 0644/0755)
+        assert path.lstat().st_mode & 0o077 == 0, path
     assert not list(out.rglob("secret_seed.json"))
 
 

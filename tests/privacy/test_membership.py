@@ -692,3 +692,29 @@ def test_attack_equals_rank_based_reference():
         ) == reference_attack_from_distances(d_tr, d_te)
     huge = membership_attack_from_distances([np.inf, 1.7e308, 1.0], [np.finfo(float).max, 2.0])
     assert huge == membership_attack_from_distances([np.inf, 3.0, 1.0], [4.0, 2.0])
+
+
+def test_the_quickstarts_membership_metric_factors_few_matrices(monkeypatch):
+    """The work the metric does, counted (speed itself is benchmarks/bench_membership.py's): at
+    the quickstart's size (1257 members, 540 non-members) the old code made 200 dense solves
+    (99 per LSDD call, mis and mis_norm, plus the refits) and was 33 of the quickstart's 53 s;
+    now one eigendecomposition per σ for both estimates and one Cholesky refit each."""
+    import scipy.linalg
+
+    from kahm_dask.privacy import membership as mod
+
+    calls = {"solve": 0, "eigh": 0, "cholesky": 0}
+    for name in calls:
+        real = getattr(scipy.linalg, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(scipy.linalg, name, counted)
+        if hasattr(mod.scipy.linalg, name):
+            monkeypatch.setattr(mod.scipy.linalg, name, counted)
+    rng = np.random.default_rng(0)
+    membership_inference_from_distances(rng.gamma(4.0, 0.3, 1257), rng.gamma(4.0, 0.32, 540), random_state=0)
+    factorisations = sum(calls.values())
+    assert calls["eigh"] <= len(SIGMA_FACTORS) and factorisations <= len(SIGMA_FACTORS) + 4, calls

@@ -21,3 +21,10 @@ def test_the_core_and_privacy_layers_import_no_pipeline_and_no_dask():
                                        timeout=120).stdout)
     bad = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
     assert bad == []
+
+
+def test_the_pipelines_store_functions_are_importable_from_the_package_lazily():
+    code = ("import sys, kahm_dask\nassert 'zarr' not in sys.modules\n"
+            "from kahm_dask import write_dataset, open_dataset, DaskKAHMClassifier\n"
+            "import kahm_dask.pipeline.store as s\nassert write_dataset is s.write_dataset and 'zarr' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

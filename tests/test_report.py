@@ -1,0 +1,44 @@
+"""The run report a data owner reads: results first, each explained in a line, then timings,
+settings and paths, apart; a tail rate only where the sample resolves it.
+
+Finding replayed (failed on the code before): the report was one 36-row table mixing metrics,
+settings and paths, ``mis`` and ``mis_norm`` were unexplained, and ``attack_tpr_at_0_1pct_fpr``
+was reported with 540 non-members (0.1 % of them is not one row).
+"""
+
+from __future__ import annotations
+
+from kahm_dask.federated import membership_fields
+from kahm_dask.privacy.membership import MembershipAttack, MembershipInference
+from kahm_dask.report import RESULTS, write_report
+
+
+def _fields(n_nonmembers: int) -> dict:
+    inference = MembershipInference(0.05, 0.06, 1.2, 1257, n_nonmembers, 0)
+    attack = MembershipAttack(0.54, 0.09, 0.014, 0.002, 1257, n_nonmembers)
+    return membership_fields(inference, attack)
+
+
+def test_tail_rates_are_reported_only_where_the_non_members_resolve_them():
+    small, large = _fields(540), _fields(1000)
+    assert small["attack_tpr_at_1pct_fpr"] == 0.014 and small["attack_tpr_at_0_1pct_fpr"] is None
+    assert large["attack_tpr_at_0_1pct_fpr"] == 0.002
+    assert _fields(99)["attack_tpr_at_1pct_fpr"] is None
+
+
+def test_the_report_puts_results_with_their_meaning_before_timings_settings_and_paths(tmp_path):
+    metrics = {"name": "demo", "accuracy": 0.948, **_fields(540), "fit_seconds": 2.0, "predict_seconds": 0.5,
+               "ingest_seconds": 0.7, "fit_stage_seconds": {"noise": 0.1}, "n_train": 1257, "n_test": 540,
+               "n_features": 64, "n_clusters": 10, "n_clusters_resumed": 0, "epsilon": 2.0, "delta": 0.0, "d": 1.0,
+               "d_raw": 16.0, "bounds_raw": [0.0, 16.0], "seed": 3, "owner_dir": str(tmp_path)}
+    text = write_report(tmp_path, metrics, plots=False)
+    order = [text.index(h) for h in ("## Results", "## Timings", "## Settings", "## Paths")]
+    assert order == sorted(order)
+    results = text[order[0]:order[1]]
+    assert "| accuracy | 0.948 | share of the 540 test rows whose class is predicted correctly |" in results
+    for key in ("mis", "mis_norm", "attack_auc", "attack_advantage"):
+        assert f"| {key} | " in results and RESULTS[key] in results
+    assert "| attack_tpr_at_0_1pct_fpr | not resolved (540 non-members; 0.1 % needs ≥ 1000) |" in results
+    settings = text[order[2]:order[3]]
+    assert "| epsilon | 2 |" in settings and "| d_raw | 16 |" in settings and "epsilon" not in results
+    assert "fit_seconds" not in results and "| fit | 2 |" in text[order[1]:order[2]]
