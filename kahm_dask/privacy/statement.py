@@ -180,7 +180,7 @@ class PrivacyStatement:
             f"| d | {self._in_units('d')} | the largest change of one entry that the guarantee covers "
             "(default: the width of the bounds, so any change is covered) |",
             f"| bounds | {self._bounds_text()} | every entry is clipped to them before the noise; "
-            f"they come from {self.bounds_source} |",
+            f"source: {self.bounds_source} |",
             f"| mechanism | {m['mechanism']} | noise from "
             + ("the operating system's secure random generator, never from a seed |" if self.holds
                else "a fixed seed: anyone who knows it removes the noise |"),
