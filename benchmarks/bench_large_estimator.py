@@ -28,8 +28,8 @@ from benchmarks.bench_large import WorkerLosses, _peak_rss_mib
 from kahm_dask import DaskKAHMClassifier
 from kahm_dask.pipeline.cluster import compute, connect
 from kahm_dask.pipeline.config import ClusterConfig
-from kahm_dask.pipeline.store import write_dataset
-from kahm_dask.pipeline.synthetic import synthetic_blobs
+from kahm_dask.pipeline.stores.dataset import write_dataset
+from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 
 N_FEATURES, N_CLASSES, N_TEST = 4096, 10, 2048
 #: The settings of pipelines/large_synthetic.yaml, as estimator parameters.

@@ -104,7 +104,7 @@ def run_dask(X, y, Xt, yt, args) -> dict:
     from distributed import Client, LocalCluster
 
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
-    from kahm_dask.pipeline.store import write_dataset
+    from kahm_dask.pipeline.stores.dataset import write_dataset
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 
     try:

@@ -72,9 +72,9 @@ def run_memory(X, y, Xt, yt, args) -> dict:
 def run_dask(X, y, Xt, yt, n_workers: int, args) -> dict:
     from kahm_dask.pipeline.cluster import connect
     from kahm_dask.pipeline.config import ClusterConfig
-    from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
-    from kahm_dask.pipeline.store import write_dataset
+    from kahm_dask.pipeline.stores.dataset import write_dataset
+    from kahm_dask.pipeline.stores.model import read_manifest
     from kahm_dask.pipeline.train import TrainSettings, train_pipeline
     from kahm_dask.recipe import TrainParams
 

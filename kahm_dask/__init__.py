@@ -6,6 +6,7 @@ scikit-learn estimator, and ``write_dataset`` / ``open_dataset``, its dataset st
 loaded from there on first access).
 """
 
+from kahm_dask._version import __version__
 from kahm_dask.classifier import KAHMClassifier, class_matching_scores
 from kahm_dask.deep import DeepKAHM, WideKAHM
 from kahm_dask.federated import FederatedClassifier, Site, SiteAnswer, combine, split_sites
@@ -32,15 +33,15 @@ __all__ = [
     "split_sites",
     "PrivacyLeakWarning",
     "PrivacyLedger",
+    "__version__",
 ]
 
-__version__ = "0.1.0"
 
 
 _LAZY = {
     "DaskKAHMClassifier": "kahm_dask.pipeline.estimator",
-    "write_dataset": "kahm_dask.pipeline.store",
-    "open_dataset": "kahm_dask.pipeline.store",
+    "write_dataset": "kahm_dask.pipeline.stores.dataset",
+    "open_dataset": "kahm_dask.pipeline.stores.dataset",
 }
 
 

@@ -117,7 +117,7 @@ class _StoreArgument(click.ParamType):
         self.exists = exists
 
     def convert(self, value, param, ctx):
-        from kahm_dask.pipeline.location import as_location
+        from kahm_dask.storage.location import as_location
 
         try:
             where = as_location(value)
@@ -197,8 +197,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """
     from distributed.scheduler import KilledWorker
 
-    from kahm_dask._locks import FolderBusyError
     from kahm_dask.privacy.ledger import BudgetExceededError, LedgerError
+    from kahm_dask.storage.locks import FolderBusyError
 
     return (ValueError, TypeError, OSError, KilledWorker, BudgetExceededError, LedgerError, FolderBusyError)
 
@@ -208,7 +208,7 @@ def _fail(exc: BaseException, *, resume_from=None) -> None:
     the resume hint is added only when it holds finished clusters (then it is true)."""
     from distributed.scheduler import KilledWorker
 
-    from kahm_dask.pipeline.store import StoreExistsError
+    from kahm_dask.pipeline.stores.dataset import StoreExistsError
     from kahm_dask.privacy.ledger import BudgetExceededError
 
     hint = ""
@@ -229,7 +229,7 @@ def _finished_clusters(staged) -> int:
     """Finished clusters in the staged model store ``staged`` (a path/URL, or None: 0)."""
     if staged is None:
         return 0
-    from kahm_dask.pipeline.location import as_location
+    from kahm_dask.storage.location import as_location
 
     try:
         return sum(1 for name in (as_location(staged) / "clusters").children() if not name.startswith("."))
@@ -313,7 +313,7 @@ def ingest(source: str, store, test_store, test_size, split_seed, bounds, scale,
     """
     from kahm_dask.pipeline.config import DataConfig
     from kahm_dask.pipeline.data import write_data_stores
-    from kahm_dask.pipeline.store import ingest as ingest_store
+    from kahm_dask.pipeline.stores.dataset import ingest as ingest_store
 
     try:
         if bounds is None and scale == "none" and test_store is None:
@@ -400,14 +400,14 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     cluster is trained (an interrupted run leaves none; rerun to resume). A non-private MODEL
     holds private rows: it is created 0700 (owner only).
     """
-    from kahm_dask._private import private_directory
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
-    from kahm_dask.pipeline.location import as_location
     from kahm_dask.pipeline.progress import ConsoleProgress
-    from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.pipeline.train import STAGED_MODEL, check_training_targets
+    from kahm_dask.storage.location import as_location
+    from kahm_dask.storage.private import private_directory
 
     t0 = time.perf_counter()
     if work is None:
@@ -477,7 +477,7 @@ def _default_work(store, model) -> str | Path:
     (the hash of the model's full path keeps two models of the same name apart)."""
     import hashlib
 
-    from kahm_dask.pipeline.location import as_location
+    from kahm_dask.storage.location import as_location
 
     data, target = as_location(store), as_location(model)
     stem = data.name.rsplit(".", 1)[0] if "." in data.name else data.name
@@ -500,11 +500,11 @@ def predict(model, store, out, n_probe, eval_dtype, storage_options, scheduler, 
     """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr).
     Each may be a path or a URL (s3://…, with --storage-options). OUT must be free or hold
     earlier predictions (they are replaced); anything else there is refused."""
-    from kahm_dask.pipeline.location import as_location
-    from kahm_dask.pipeline.modelstore import read_manifest
     from kahm_dask.pipeline.predict import check_prediction_target, predict_to_store
     from kahm_dask.pipeline.progress import ConsoleProgress
-    from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.pipeline.stores.dataset import open_dataset
+    from kahm_dask.pipeline.stores.model import read_manifest
+    from kahm_dask.storage.location import as_location
 
     try:
         with _interruptible("prediction"):
@@ -542,7 +542,7 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
     docs/privacy.md#measuring-membership-risk)."""
     from kahm_dask.pipeline.progress import ConsoleProgress
     from kahm_dask.pipeline.run import evaluate as evaluate_run
-    from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.pipeline.stores.dataset import open_dataset
 
     try:
         with _interruptible("evaluation"), _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
@@ -670,7 +670,7 @@ def ledger() -> None:
 
 
 def _ledger_of(store, ledger_dir):
-    from kahm_dask.pipeline.store import open_dataset
+    from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.privacy.ledger import PrivacyLedger
 
     return PrivacyLedger.for_data(open_dataset(store).fingerprint(), ledger_dir)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kahm_dask._atomic import write_json_atomic, write_text_atomic
+from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["write_report", "write_privacy_statement", "ledger_markdown", "FABRICATED_PLOT", "STATEMENT_FILE"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kahm_dask.pipeline.modelstore import cluster_dir
+from kahm_dask.pipeline.stores.model import cluster_dir
 from kahm_dask.pipeline.train import STAGED_MODEL
 
 

@@ -3,7 +3,7 @@ feature bounds of its DP release.
 
 Sources: ``sklearn:<name>`` (bundled, offline), ``synthetic:blobs`` (generated lazily, block by
 block, so it can exceed memory), a data file or file pair (ingested with
-:func:`~kahm_dask.pipeline.store.ingest`), or an existing dataset store (``*.zarr``).
+:func:`~kahm_dask.pipeline.stores.dataset.ingest`), or an existing dataset store (``*.zarr``).
 Without a separate test source the rows are split with a stratified seeded split.
 
 Raw rows are clipped to the public raw bounds (``data.bounds``; ``tanh255`` implies [0, 255]),
@@ -22,11 +22,10 @@ import dask
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from kahm_dask._private import private_directory
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import SYNTHETIC_SOURCE
-from kahm_dask.pipeline.store import DatasetStore, ingest, open_dataset, write_dataset
-from kahm_dask.pipeline.synthetic import synthetic_blobs
+from kahm_dask.pipeline.stores.dataset import DatasetStore, ingest, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
     BOUNDS_PRIVATE_SCALING,
@@ -37,6 +36,7 @@ from kahm_dask.privacy.bounds import (
     public_bounds,
 )
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.storage.private import private_directory
 
 __all__ = [
     "prepare_stores",

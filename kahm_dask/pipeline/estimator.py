@@ -1,6 +1,6 @@
 """The scikit-learn API over the Dask pipeline: :class:`DaskKAHMClassifier`.
 
-``fit`` writes the training rows to a Zarr dataset store (:func:`~kahm_dask.pipeline.store.write_dataset`)
+``fit`` writes the training rows to a Zarr dataset store (:func:`~kahm_dask.pipeline.stores.dataset.write_dataset`)
 and runs :func:`~kahm_dask.pipeline.train.train_pipeline` on the current ``distributed`` client, or on
 a LocalCluster it starts and closes; the fitted estimator is a handle on the model store it wrote.
 Prediction is the pipeline's blockwise min/argmin reduction
@@ -37,32 +37,32 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from kahm_dask import __version__
-from kahm_dask._locks import exclusive
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_label_types
+from kahm_dask._version import __version__
 from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier, class_matching_scores, class_proportions
 from kahm_dask.params import PARAMS, Range, check_r_value, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute, connect, connect_address
 from kahm_dask.pipeline.config import ADDRESS, ClusterConfig, PipelineConfig
-from kahm_dask.pipeline.location import Location, LocationLike, as_location, committed_directory, copy_tree
-from kahm_dask.pipeline.modelstore import (
+from kahm_dask.pipeline.predict import class_distance_array
+from kahm_dask.pipeline.progress import Progress
+from kahm_dask.pipeline.security import as_security, check_address
+from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.model import (
     cluster_location,
     load_cluster,
     read_manifest,
     save_cluster,
     write_manifest,
 )
-from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.progress import Progress
-from kahm_dask.pipeline.rows import rows_per_chunk
-from kahm_dask.pipeline.security import as_security, check_address
-from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.rows import rows_per_chunk
 from kahm_dask.pipeline.train import TrainSettings, _versions, train_pipeline
 from kahm_dask.privacy.ledger import check_budget
 from kahm_dask.privacy.statement import PrivacyStatement
 from kahm_dask.recipe import TrainParams
+from kahm_dask.storage.location import Location, LocationLike, as_location, committed_directory, copy_tree
+from kahm_dask.storage.locks import exclusive
 
 __all__ = ["DaskKAHMClassifier", "ESTIMATOR_PARAMS_KEY"]
 
@@ -222,7 +222,7 @@ persist_fraction
         fsspec options (credentials, ``client_kwargs={"endpoint_url": ...}``, …) for the URLs
         this estimator reads and writes: ``store_dir``, a dataset store URL given to ``fit`` or
         the predictions, and the targets of :meth:`save` and :meth:`load`
-        (:mod:`kahm_dask.pipeline.location`). Passed to the tasks on the workers; never written
+        (:mod:`kahm_dask.storage.location`). Passed to the tasks on the workers; never written
         to a store.
 
     Attributes
@@ -452,9 +452,10 @@ persist_fraction
         """Train one model per (class, cluster) on the Dask cluster.
 
         X : (N, p) NumPy array (or array-like), (N, p) dask array, or the path or URL (read
-            with ``storage_options``) of a dataset store written by :func:`~kahm_dask.pipeline.store.write_dataset` or
-            :func:`~kahm_dask.pipeline.store.ingest` (then its labels are used and ``y`` must
-            be None).
+            with ``storage_options``) of a dataset store written by
+            :func:`~kahm_dask.pipeline.stores.dataset.write_dataset` or
+            :func:`~kahm_dask.pipeline.stores.dataset.ingest` (then its labels are used and ``y``
+            must be None).
         y : (N,) labels (NumPy, list or dask array); None with a store path.
         """
         self._check_params()
@@ -620,7 +621,7 @@ persist_fraction
         """Copy the model store to ``path`` (a local path, or a URL written with
         ``storage_options``) atomically: an existing model store there is replaced, any other
         existing path is refused; on an object store the copy is written in place with its
-        completion marker last (:func:`~kahm_dask.pipeline.location.committed_directory`).
+        completion marker last (:func:`~kahm_dask.storage.location.committed_directory`).
         Returns the path (the URL for a remote one)."""
         check_is_fitted(self, "model_path_")
         source = as_location(self.model_path_, self.storage_options)

@@ -72,9 +72,6 @@ import zarr
 from distributed import Client
 from distributed.deploy import Cluster
 
-from kahm_dask._atomic import atomic_directory, write_json_atomic, write_text_atomic
-from kahm_dask._locks import exclusive
-from kahm_dask._private import make_private, private_directory
 from kahm_dask.federated import (
     FederatedDecision,
     SiteAnswer,
@@ -95,7 +92,6 @@ from kahm_dask.pipeline.config import (
     load_yaml,
 )
 from kahm_dask.pipeline.data import OWNER, prepare_stores
-from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.run import (
@@ -109,9 +105,13 @@ from kahm_dask.pipeline.run import (
     settings_from_config,
     write_statement,
 )
-from kahm_dask.pipeline.store import DatasetStore, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.model import read_manifest
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.report import write_report
+from kahm_dask.storage.atomic import atomic_directory, write_json_atomic, write_text_atomic
+from kahm_dask.storage.locks import exclusive
+from kahm_dask.storage.private import make_private, private_directory
 
 __all__ = [
     "FederationConfig",

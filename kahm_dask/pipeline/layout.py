@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import dask.array as da
 import numpy as np
 
-from kahm_dask.pipeline.location import LocationLike, as_location
+from kahm_dask.storage.location import LocationLike, as_location
 
 __all__ = ["ClassLayout", "class_layout", "grouped_layout", "write_grouped"]
 
@@ -80,7 +80,7 @@ def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[np.nda
 def write_grouped(source: da.Array, groups: list[np.ndarray], path: LocationLike, chunk_rows: int) -> da.Array:
     """Write ``source`` (N, p) with its rows in the order of ``groups`` (arrays of row indices
     of ``source``, concatenated) to a Zarr array at ``path`` (a local path or a
-    :class:`~kahm_dask.pipeline.location.Location`) with (chunk_rows, p) chunks; returns it as a
+    :class:`~kahm_dask.storage.location.Location`) with (chunk_rows, p) chunks; returns it as a
     dask array read back from Zarr.
 
     Groups longer than ``chunk_rows`` are cut into pieces first: ``dask.array.shuffle`` keeps

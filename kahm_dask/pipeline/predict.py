@@ -21,10 +21,10 @@ from threadpoolctl import threadpool_limits
 from kahm_dask._validation import check_finite_rows
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
-from kahm_dask.pipeline.location import Location, LocationLike, as_location, committed_directory
-from kahm_dask.pipeline.modelstore import cached_cluster, cluster_centre, cluster_location, read_manifest
 from kahm_dask.pipeline.progress import Progress
+from kahm_dask.pipeline.stores.model import cached_cluster, cluster_centre, cluster_location, read_manifest
 from kahm_dask.routing import routed_minimum
+from kahm_dask.storage.location import Location, LocationLike, as_location, committed_directory
 
 __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
 
@@ -151,9 +151,9 @@ def predict_to_store(
     scheduler; ``n_probe`` routes and ``eval_dtype`` sets the precision as in
     :func:`class_distance_array`. Written under a temporary
     name and renamed into place when complete
-    (:func:`kahm_dask._atomic.atomic_directory`): a failed job leaves the previous predictions
+    (:func:`kahm_dask.storage.atomic.atomic_directory`): a failed job leaves the previous predictions
     untouched (on an object store: written in place, marker last,
-    :func:`~kahm_dask.pipeline.location.committed_directory`). Paths may be URLs, read and
+    :func:`~kahm_dask.storage.location.committed_directory`). Paths may be URLs, read and
     written with fsspec ``storage_options``. Returns the written group, whose attributes hold
     ``classes`` (the labels the codes index).
     """

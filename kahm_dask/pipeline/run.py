@@ -38,13 +38,10 @@ import zarr
 from distributed import Client
 from threadpoolctl import threadpool_limits
 
-from kahm_dask._locks import exclusive
-from kahm_dask._private import make_private, private_directory
 from kahm_dask.federated import membership_fields
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
 from kahm_dask.pipeline.estimator import DaskKAHMClassifier
-from kahm_dask.pipeline.modelstore import read_manifest
 from kahm_dask.pipeline.predict import (
     DISTANCES,
     PREDICTIONS,
@@ -52,7 +49,8 @@ from kahm_dask.pipeline.predict import (
     predict_to_store,
 )
 from kahm_dask.pipeline.progress import Progress, as_progress
-from kahm_dask.pipeline.store import DatasetStore
+from kahm_dask.pipeline.stores.dataset import DatasetStore
+from kahm_dask.pipeline.stores.model import read_manifest
 from kahm_dask.pipeline.train import TrainSettings
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC, FeatureBounds
 from kahm_dask.privacy.membership import (
@@ -61,6 +59,8 @@ from kahm_dask.privacy.membership import (
     training_row_subset,
 )
 from kahm_dask.report import write_privacy_statement, write_report
+from kahm_dask.storage.locks import exclusive
+from kahm_dask.storage.private import make_private, private_directory
 
 __all__ = [
     "RunPaths",

@@ -20,9 +20,9 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
-from kahm_dask.pipeline.location import LocationLike, as_location
-from kahm_dask.pipeline.modelstore import cluster_done, save_cluster
+from kahm_dask.pipeline.stores.model import cluster_done, save_cluster
 from kahm_dask.recipe import TrainParams
+from kahm_dask.storage.location import LocationLike, as_location
 
 __all__ = ["train_cluster", "GROUPED_X", "GROUPED_X_NOISY"]
 
@@ -40,7 +40,7 @@ def train_cluster(
 ) -> dict:
     """Train cluster (class code c, cluster s) from grouped rows [start, stop); see module doc.
 
-    ``work_path`` and ``model_path`` are local paths or :class:`~kahm_dask.pipeline.location.Location`
+    ``work_path`` and ``model_path`` are local paths or :class:`~kahm_dask.storage.location.Location`
     objects (a URL with its storage options, opened by the task).
 
     Returns ``{"class": c, "cluster": s, "n_rows", "passes", "layer_dims", "seconds",

@@ -28,9 +28,9 @@ fabrication): it lives with the data store, on the data owner's side; the model 
 only DP rows and models fitted on them, and nothing else computed from private rows.
 
 Both may be local paths or URLs (``s3://``, …) with fsspec ``storage_options``
-(:mod:`kahm_dask.pipeline.location`); the tasks get the URL and the options. A remote model
+(:mod:`kahm_dask.storage.location`); the tasks get the URL and the options. A remote model
 store gets its completion marker when every cluster is written
-(:func:`~kahm_dask.pipeline.modelstore.mark_model_complete`).
+(:func:`~kahm_dask.pipeline.stores.model.mark_model_complete`).
 """
 
 from __future__ import annotations
@@ -49,30 +49,18 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from kahm_dask import __version__
-from kahm_dask._atomic import replace_directory
-from kahm_dask._locks import exclusive
-from kahm_dask._private import make_private, private_directory
 from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
+from kahm_dask._version import __version__
 from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.data import store_bounds
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
-from kahm_dask.pipeline.location import (
-    COMPLETE_FILE,
-    Location,
-    LocationLike,
-    as_location,
-    committed_directory,
-    copy_tree,
-    is_committed,
-)
-from kahm_dask.pipeline.modelstore import cluster_done, mark_model_complete, write_manifest
 from kahm_dask.pipeline.partition import partition_classes
 from kahm_dask.pipeline.progress import Progress, as_progress
-from kahm_dask.pipeline.store import DatasetStore, StoreError, is_complete, mark_complete
+from kahm_dask.pipeline.stores.dataset import DatasetStore, StoreError, is_complete, mark_complete
+from kahm_dask.pipeline.stores.model import cluster_done, mark_model_complete, write_manifest
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
@@ -89,6 +77,18 @@ from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import NoiseSource, as_noise_source
 from kahm_dask.privacy.release import AUTO_LEDGER, Release, begin_release
 from kahm_dask.recipe import TrainParams
+from kahm_dask.storage.atomic import replace_directory
+from kahm_dask.storage.location import (
+    COMPLETE_FILE,
+    Location,
+    LocationLike,
+    as_location,
+    committed_directory,
+    copy_tree,
+    is_committed,
+)
+from kahm_dask.storage.locks import exclusive
+from kahm_dask.storage.private import make_private, private_directory
 
 log = logging.getLogger("kahm_dask")
 
@@ -578,7 +578,7 @@ def _cluster_info(model_path: Location, c: int, s: int) -> dict:
 def _commit_model(staged: Location, model_path: Location) -> None:
     """Mark the staged model store complete and put it at ``model_path`` (replacing an older
     model store there): renamed when both are local on one file system, else copied with the
-    completion marker last (:func:`~kahm_dask.pipeline.location.committed_directory`)."""
+    completion marker last (:func:`~kahm_dask.storage.location.committed_directory`)."""
     mark_model_complete(staged)
     if staged.is_local and model_path.is_local:
         model_path.path.parent.mkdir(parents=True, exist_ok=True)

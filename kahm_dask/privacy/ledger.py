@@ -55,9 +55,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kahm_dask._atomic import write_json_atomic
-from kahm_dask._private import PRIVATE_FILE_MODE, private_directory
 from kahm_dask.privacy.fingerprint import DataFingerprint
+from kahm_dask.storage.atomic import write_json_atomic
+from kahm_dask.storage.private import PRIVATE_FILE_MODE, private_directory
 
 __all__ = [
     "PrivacyLedger",

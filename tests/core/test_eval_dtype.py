@@ -28,7 +28,7 @@ from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.predict import DISTANCES, class_distance_array
-from kahm_dask.pipeline.store import write_dataset
+from kahm_dask.pipeline.stores.dataset import write_dataset
 
 #: Tolerance of float32 against float64 (relative, per distance and per image row norm); the
 #: measured maxima are ~4e-6 on digits and ~4e-7 on the random case.

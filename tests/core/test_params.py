@@ -26,7 +26,7 @@ from kahm_dask.cli import main
 from kahm_dask.params import PARAMS, R_VALUE_RULES, Choices, Range
 from kahm_dask.partition import n_branches
 from kahm_dask.pipeline.config import ConfigError, ModelConfig, PartitionConfig, PipelineConfig, PrivacyConfig
-from kahm_dask.pipeline.store import write_dataset
+from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.privacy.fabrication import _check_fabrication_options
 
 #: The name of a table parameter in the pipeline YAML and on the command line, where it differs.

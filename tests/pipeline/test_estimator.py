@@ -33,7 +33,7 @@ from sklearn.utils.estimator_checks import (
 import kahm_dask.pipeline.predict as predict_mod
 from kahm_dask import DaskKAHMClassifier, KAHMClassifier
 from kahm_dask.params import RuleError
-from kahm_dask.pipeline.store import write_dataset
+from kahm_dask.pipeline.stores.dataset import write_dataset
 from tests._ledgers import ledger_of
 
 SEED = 0

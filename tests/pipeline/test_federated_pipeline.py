@@ -23,7 +23,7 @@ import zarr
 from distributed import Client, get_task_stream, get_worker
 
 import kahm_dask.pipeline.predict as predict_module
-import kahm_dask.pipeline.sources as store_module
+import kahm_dask.pipeline.stores.sources as store_module
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import FederatedClassifier, fit_sites, split_sites
@@ -39,7 +39,7 @@ from kahm_dask.pipeline.federated import (
     site_membership,
     train_site,
 )
-from kahm_dask.pipeline.store import open_dataset, write_dataset
+from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.train import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams

@@ -84,7 +84,7 @@ def test_high_dimensional_modes_split_without_tiny_clusters():
     high-dimensional Gaussian modes (the rule of
     docs/algorithm.md#kmeans-partition then re-ran k-means for every S − 1)."""
     from kahm_dask.pipeline.partition import partition_class
-    from kahm_dask.pipeline.synthetic import synthetic_blobs
+    from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 
     X, y = synthetic_blobs(3000, 1024, 1, seed=0, chunk_rows=512, modes_per_class=4)
     labels = partition_class(X, 6, min_cluster_size=30, seed=np.random.SeedSequence(1),

@@ -19,7 +19,7 @@ import pytest
 import kahm_dask.report as report_mod
 from kahm_dask.datasets import load_bundled
 from kahm_dask.pipeline.config import load_config
-from kahm_dask.pipeline.store import open_dataset
+from kahm_dask.pipeline.stores.dataset import open_dataset
 
 from ..reliability.conftest import RowScanner
 from ..reliability.conftest import _arrays as _zarr_arrays

@@ -14,8 +14,8 @@ import pytest
 import zarr
 from sklearn.datasets import load_digits
 
-from kahm_dask.pipeline import store as st
-from kahm_dask.pipeline.store import (
+from kahm_dask.pipeline.stores import dataset as st
+from kahm_dask.pipeline.stores.dataset import (
     DatasetStore,
     StoreError,
     ingest,

@@ -5,7 +5,7 @@ import dask
 import numpy as np
 import pytest
 
-from kahm_dask.pipeline.synthetic import GENERATOR_ROWS, blob_labels, synthetic_blobs
+from kahm_dask.pipeline.stores.synthetic import GENERATOR_ROWS, blob_labels, synthetic_blobs
 
 
 def _largest_task_bytes(X) -> int:

@@ -7,7 +7,7 @@ directory without marker, a damaged marker, two writers of the same cluster at o
 check that no reader ever sees half a cluster and that a rerun repairs what is missing.
 The slow tests in ``test_interrupted_run.py`` do the same with real SIGKILLs.
 
-Every other file and directory is written with :mod:`kahm_dask._atomic`. Its helpers are
+Every other file and directory is written with :mod:`kahm_dask.storage.atomic`. Its helpers are
 tested first on their own, then through each writer that uses them: a write that fails
 half-way (a full disk) must leave the old file or directory intact and no temporary behind.
 """
@@ -27,29 +27,29 @@ import numpy as np
 import pytest
 import zarr
 
-from kahm_dask import _atomic
-from kahm_dask._atomic import (
-    atomic_directory,
-    replace_directory,
-    sibling_path,
-    write_json_atomic,
-    write_text_atomic,
-)
 from kahm_dask.deep import DeepKAHM
-from kahm_dask.pipeline.location import as_location
-from kahm_dask.pipeline.modelstore import (
+from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
+from kahm_dask.pipeline.stores.dataset import is_complete, mark_complete, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.model import (
     cached_cluster,
     cluster_dir,
     cluster_done,
     load_cluster,
     save_cluster,
 )
-from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
-from kahm_dask.pipeline.store import is_complete, mark_complete, open_dataset, write_dataset
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import PrivacyLedger
 from kahm_dask.recipe import TrainParams
 from kahm_dask.report import write_privacy_statement, write_report
+from kahm_dask.storage import atomic as _atomic
+from kahm_dask.storage.atomic import (
+    atomic_directory,
+    replace_directory,
+    sibling_path,
+    write_json_atomic,
+    write_text_atomic,
+)
+from kahm_dask.storage.location import as_location
 from tests._staging import interrupt_after_training
 
 RNG = np.random.default_rng(5)
@@ -95,7 +95,7 @@ class _HalfWriter:
 
 
 def _fill_disk(monkeypatch) -> None:
-    """From now on, every file written by :mod:`kahm_dask._atomic` fails half-way."""
+    """From now on, every file written by :mod:`kahm_dask.storage.atomic` fails half-way."""
 
     def half_open(path, mode="r", **kwargs):
         fh = open(path, mode, **kwargs)
@@ -109,7 +109,7 @@ def disk_full(monkeypatch) -> None:
     _fill_disk(monkeypatch)
 
 
-# --------------------------------------------------------------------------- kahm_dask._atomic
+# --------------------------------------------------------------------------- kahm_dask.storage.atomic
 
 
 def test_sibling_path_is_a_hidden_unique_sibling(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import make_class_blobs
-from kahm_dask.pipeline.store import write_dataset
+from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
 
@@ -115,7 +115,7 @@ def test_dask_ml_partition_is_the_same_on_threads_one_and_two_workers():
     from distributed import Client, LocalCluster
 
     from kahm_dask.pipeline.partition import partition_classes
-    from kahm_dask.pipeline.synthetic import synthetic_blobs
+    from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 
     X, y = synthetic_blobs(600, 8, 1, seed=3, chunk_rows=150)  # one class, S = 2
     kw = dict(n_components=5, block_size=300, s_rule="round", min_cluster_size=None,

@@ -24,8 +24,8 @@ import pytest
 import zarr
 
 from kahm_dask.pipeline.cluster import BLAS_ENV
-from kahm_dask.pipeline.modelstore import load_cluster
-from kahm_dask.pipeline.store import open_dataset
+from kahm_dask.pipeline.stores.dataset import open_dataset
+from kahm_dask.pipeline.stores.model import load_cluster
 
 from .._cluster import wait_for
 from .._ledgers import ledger_of

@@ -33,7 +33,7 @@ from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
 from kahm_dask.pipeline import tasks as tasks_mod
 from kahm_dask.pipeline import train as train_mod
 from kahm_dask.pipeline.cluster import BLAS_ENV
-from kahm_dask.pipeline.store import write_dataset
+from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.tasks import GROUPED_X
 from kahm_dask.pipeline.train import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning

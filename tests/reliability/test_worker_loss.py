@@ -22,7 +22,7 @@ import zarr
 from distributed import Client
 
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
-from kahm_dask.pipeline.synthetic import synthetic_blobs
+from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 
 from .._cluster import subprocess_cluster, wait_for
 from .conftest import (

@@ -26,5 +26,14 @@ def test_the_core_and_privacy_layers_import_no_pipeline_and_no_dask():
 def test_the_pipelines_store_functions_are_importable_from_the_package_lazily():
     code = ("import sys, kahm_dask\nassert 'zarr' not in sys.modules\n"
             "from kahm_dask import write_dataset, open_dataset, DaskKAHMClassifier\n"
-            "import kahm_dask.pipeline.store as s\nassert write_dataset is s.write_dataset and 'zarr' in sys.modules")
+            "import kahm_dask.pipeline.stores.dataset as s\n"
+            "assert write_dataset is s.write_dataset and 'zarr' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    from kahm_dask._version import __version__
+
+    assert __version__ == version("kahm-dask")

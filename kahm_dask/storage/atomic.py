@@ -5,7 +5,7 @@ written to a uniquely named sibling, flushed to disk, then renamed over the targ
 (``os.replace`` is atomic on POSIX and Windows within one file system). A directory is built
 under a sibling name and renamed into place; an existing target is moved aside first and
 deleted only after the new one is in place. The model store's clusters
-(:mod:`kahm_dask.pipeline.modelstore`) use the same sibling names but their own commit,
+(:mod:`kahm_dask.pipeline.stores.model`) use the same sibling names but their own commit,
 which never replaces a complete cluster (concurrent writers of one cluster).
 """
 

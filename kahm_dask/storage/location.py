@@ -9,7 +9,7 @@ picklable dict), so tasks on Dask workers get it and open their own filesystem.
 Committing a directory (:func:`committed_directory`):
 
 * **local paths**: the directory is built under a temporary sibling name and renamed into
-  place (:func:`kahm_dask._atomic.atomic_directory`): a reader sees the old or the new one;
+  place (:func:`kahm_dask.storage.atomic.atomic_directory`): a reader sees the old or the new one;
 * **object stores** have no rename: the old directory is deleted, the new one is written in
   its final place and its completion marker ``_COMPLETE.json`` is written **last**. Readers
   treat a remote directory without its marker as absent or incomplete (:func:`is_committed`);
@@ -36,7 +36,7 @@ import zarr
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.registry import known_implementations
 
-from kahm_dask._atomic import atomic_directory, write_text_atomic
+from kahm_dask.storage.atomic import atomic_directory, write_text_atomic
 
 __all__ = ["Location", "LocationLike", "as_location", "committed_directory", "is_committed", "copy_tree",
            "COMPLETE_FILE"]
@@ -48,7 +48,7 @@ COMPLETE_FILE = "_COMPLETE.json"
 _EXTRAS = {"s3": "kahm-dask[s3]", "s3a": "kahm-dask[s3]"}
 #: fsspec options set unless given: listings are not cached, since workers write concurrently.
 _DEFAULT_OPTIONS = {"use_listings_cache": False}
-#: Temporary and moved-aside siblings (:func:`kahm_dask._atomic.sibling_path`), never copied.
+#: Temporary and moved-aside siblings (:func:`kahm_dask.storage.atomic.sibling_path`), never copied.
 _SIBLINGS = shutil.ignore_patterns(".*.tmp-*", ".*.old-*")
 
 

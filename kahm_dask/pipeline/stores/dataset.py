@@ -1,7 +1,7 @@
 """Zarr v3 dataset store: the format, and writing, ingesting and opening stores.
 
 A dataset store is a Zarr v3 group on the local filesystem or at a URL fsspec reaches
-(``s3://``, ``gs://``, …, with ``storage_options``; :mod:`kahm_dask.pipeline.location`)::
+(``s3://``, ``gs://``, …, with ``storage_options``; :mod:`kahm_dask.storage.location`)::
 
     <path>/
       zarr.json              group attributes {"kahm_dask": {...}} (see below)
@@ -18,14 +18,14 @@ range, ``feature_range`` ({"min": [...], "max": [...]}). The minimum and maximum
 data are never computed or stored: they are private.
 
 Stores are created in a temporary hidden sibling directory ``.<name>.tmp-<uuid>`` and
-renamed into place when complete (:func:`kahm_dask._atomic.atomic_directory`), so an
+renamed into place when complete (:func:`kahm_dask.storage.atomic.atomic_directory`), so an
 interrupted ingest never leaves a half-written store at ``<path>``. Object stores have no
 rename: a store there is written in place with its completion marker ``_COMPLETE.json`` last,
 and :func:`open_dataset` refuses a remote store without it
-(:func:`~kahm_dask.pipeline.location.committed_directory`). Arrays are read lazily
+(:func:`~kahm_dask.storage.location.committed_directory`). Arrays are read lazily
 as Dask arrays backed by Zarr; no cluster is needed. The readers of the input formats are in
-:mod:`kahm_dask.pipeline.sources`, the checks of rows and labels in
-:mod:`kahm_dask.pipeline.rows`.
+:mod:`kahm_dask.pipeline.stores.sources`, the checks of rows and labels in
+:mod:`kahm_dask.pipeline.stores.rows`.
 
 :func:`mark_complete` and :func:`is_complete` keep a completion marker in any directory
 (the pipeline marks its stored noisy rows with it).
@@ -47,8 +47,10 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from kahm_dask._private import make_private, private_directory
-from kahm_dask.pipeline.location import (
+from kahm_dask.pipeline.stores.rows import label_array, rows_per_chunk
+from kahm_dask.pipeline.stores.sources import Source, array_source, dask_source, resolve_source
+from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
+from kahm_dask.storage.location import (
     COMPLETE_FILE,
     Location,
     LocationLike,
@@ -56,9 +58,7 @@ from kahm_dask.pipeline.location import (
     committed_directory,
     is_committed,
 )
-from kahm_dask.pipeline.rows import label_array, rows_per_chunk
-from kahm_dask.pipeline.sources import Source, array_source, dask_source, resolve_source
-from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
+from kahm_dask.storage.private import make_private, private_directory
 
 __all__ = [
     "FORMAT_VERSION",
@@ -111,7 +111,7 @@ class DatasetStore:
 
     @property
     def location(self) -> Location:
-        """Where the store is (:class:`~kahm_dask.pipeline.location.Location`)."""
+        """Where the store is (:class:`~kahm_dask.storage.location.Location`)."""
         return as_location(self.path, self.storage_options)
 
     def X(self) -> da.Array:
@@ -306,7 +306,7 @@ def open_dataset(path: LocationLike, *, storage_options: Mapping[str, Any] | Non
 
 def mark_complete(path: LocationLike, info: dict[str, Any]) -> None:
     """Atomically write the JSON dict ``info`` to ``<path>/_COMPLETE.json`` (``path``: a local
-    directory or a :class:`~kahm_dask.pipeline.location.Location`).
+    directory or a :class:`~kahm_dask.storage.location.Location`).
 
     Note: Zarr warns (``ZarrUserWarning``) about this non-Zarr file when the members of a
     group at ``path`` are listed; direct access by name is unaffected.
@@ -351,7 +351,7 @@ def _build_store(
     An existing ``target`` is replaced only if ``overwrite`` and it is a Zarr store, checked
     before the first write and, for a local path, again before the new store is moved into
     place (on an object store the store is written in place:
-    :func:`~kahm_dask.pipeline.location.committed_directory`).
+    :func:`~kahm_dask.storage.location.committed_directory`).
     """
     rows = rows_per_chunk(chunk_rows, src.n_rows_hint, src.n_features, dtype)
     feature_range_attr = _feature_range(feature_range, src.n_features)

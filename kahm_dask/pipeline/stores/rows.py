@@ -1,7 +1,7 @@
 """Rows and labels on their way into a dataset store: checks, conversions and chunk sizes.
 
-Every reader of :mod:`kahm_dask.pipeline.sources` and the store builder of
-:mod:`kahm_dask.pipeline.store` check their input here, so a bad input gets the same clear
+Every reader of :mod:`kahm_dask.pipeline.stores.sources` and the store builder of
+:mod:`kahm_dask.pipeline.stores.dataset` check their input here, so a bad input gets the same clear
 message (naming the row and column, and the fix) whatever its format. Feature rows are
 appended to the store's growing ``X`` array block by block, each block checked before it is
 written.

@@ -1,7 +1,7 @@
 """The model store: one Zarr group per (class, cluster) DeepKAHM, written atomically.
 
 Layout (zarr v3, on the local filesystem or at a URL fsspec reaches, with ``storage_options``:
-:mod:`kahm_dask.pipeline.location`)::
+:mod:`kahm_dask.storage.location`)::
 
     <model>.zarr/
       zarr.json                      attributes "kahm_dask_model": manifest (params, the public
@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from kahm_dask._atomic import sibling_path
 from kahm_dask.deep import DeepKAHM
-from kahm_dask.pipeline.location import COMPLETE_FILE, Location, LocationLike, as_location, is_committed
+from kahm_dask.storage.atomic import sibling_path
+from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location, is_committed
 
 __all__ = [
     "cluster_name",

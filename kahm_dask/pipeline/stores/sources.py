@@ -26,7 +26,7 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from kahm_dask.pipeline.rows import (
+from kahm_dask.pipeline.stores.rows import (
     Block,
     check_length,
     check_matrix_shape,
@@ -115,7 +115,7 @@ def resolve_source(source: Any, *, label_column: int, header: bool | None,
     """Pick the reader for ``source`` from its form, suffix and magic bytes.
 
     ``source`` is ``"sklearn:<name>"``, a pair of paths (two ``.npy`` or two IDX files) or
-    one path (``.npz``, ``.csv`` or ``.csv.gz``); see :func:`kahm_dask.pipeline.store.ingest`.
+    one path (``.npz``, ``.csv`` or ``.csv.gz``); see :func:`kahm_dask.pipeline.stores.dataset.ingest`.
     """
     if isinstance(source, str) and source.startswith("sklearn:"):
         return _sklearn_source(source.removeprefix("sklearn:"))
