@@ -79,7 +79,7 @@ def _tls_options(f):
 
 def _tls_settings() -> dict[str, str] | None:
     """The --tls-* options of the running command as the keys of a ``tls`` section
-    (kahm_dask.pipeline.security), or None if none is given."""
+    (kahm_dask.pipeline.cluster.security), or None if none is given."""
     given = click.get_current_context().meta.get(_TLS_META, {})
     if not given:
         return None
@@ -153,7 +153,7 @@ _storage_options = click.option(
 
 def _cluster_cfg(scheduler, cluster_config, n_workers, memory_limit, dashboard_address=DASHBOARD):
     from kahm_dask.pipeline.config import ClusterConfig
-    from kahm_dask.pipeline.security import ClusterTLSConfig
+    from kahm_dask.pipeline.config.sections import ClusterTLSConfig
 
     if scheduler and cluster_config:
         raise click.UsageError("give at most one of --scheduler and --cluster-config.")
@@ -401,9 +401,9 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     holds private rows: it is created 0700 (owner only).
     """
     from kahm_dask._validation import check_class_sizes
+    from kahm_dask.pipeline.cluster.progress import ConsoleProgress
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
-    from kahm_dask.pipeline.progress import ConsoleProgress
     from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.pipeline.train import STAGED_MODEL, check_training_targets
     from kahm_dask.storage.location import as_location
@@ -500,8 +500,8 @@ def predict(model, store, out, n_probe, eval_dtype, storage_options, scheduler, 
     """Predict the rows of dataset STORE with MODEL; write distances and labels to OUT (Zarr).
     Each may be a path or a URL (s3://…, with --storage-options). OUT must be free or hold
     earlier predictions (they are replaced); anything else there is refused."""
+    from kahm_dask.pipeline.cluster.progress import ConsoleProgress
     from kahm_dask.pipeline.predict import check_prediction_target, predict_to_store
-    from kahm_dask.pipeline.progress import ConsoleProgress
     from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.pipeline.stores.model import read_manifest
     from kahm_dask.storage.location import as_location
@@ -540,7 +540,7 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 
     Computed on private rows: the numbers are for the data owner (each is explained in
     docs/privacy.md#measuring-membership-risk)."""
-    from kahm_dask.pipeline.progress import ConsoleProgress
+    from kahm_dask.pipeline.cluster.progress import ConsoleProgress
     from kahm_dask.pipeline.run import evaluate as evaluate_run
     from kahm_dask.pipeline.stores.dataset import open_dataset
 
@@ -590,13 +590,11 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
     """
     if verbose:  # raise the group's level (`kahm-dask -v run` raised it already)
         _configure_logging(True)
+    from kahm_dask.pipeline.cluster.progress import SILENT, ConsoleProgress
+    from kahm_dask.pipeline.cluster.sites import connect_federated
     from kahm_dask.pipeline.config import load_config, load_yaml
-    from kahm_dask.pipeline.federated import (
-        connect_federated,
-        load_federated_config,
-        run_federated_pipeline,
-    )
-    from kahm_dask.pipeline.progress import SILENT, ConsoleProgress
+    from kahm_dask.pipeline.config.sections import load_federated_config
+    from kahm_dask.pipeline.federated import run_federated_pipeline
     from kahm_dask.pipeline.run import run_pipeline
 
     t0 = time.perf_counter()

@@ -44,10 +44,10 @@ from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier, class_matchin
 from kahm_dask.params import PARAMS, Range, check_r_value, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute, connect, connect_address
+from kahm_dask.pipeline.cluster.progress import Progress
+from kahm_dask.pipeline.cluster.security import as_security, check_address
 from kahm_dask.pipeline.config import ADDRESS, ClusterConfig, PipelineConfig
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.progress import Progress
-from kahm_dask.pipeline.security import as_security, check_address
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.model import (
     cluster_location,
@@ -105,7 +105,7 @@ def _current_client() -> Client | None:
 def _scheduler_security(scheduler: str | None, security: Any) -> Security | None:
     """The ``security`` parameter as a ``Security`` for the ``scheduler`` parameter, checked:
     ``scheduler`` an address with protocol, ``security`` given for and only for a ``tls://``
-    one (:func:`~kahm_dask.pipeline.security.check_address`)."""
+    one (:func:`~kahm_dask.pipeline.cluster.security.check_address`)."""
     security = as_security(security)
     if scheduler is None:
         if security is not None:
@@ -216,7 +216,7 @@ persist_fraction
         TLS settings for a ``tls://`` ``scheduler`` (required for it, refused for any other):
         a ``Security``, or a mapping of ``ca_file``, ``cert``, ``key`` (optional if ``cert``
         holds it) and ``require_encryption`` (default True), the keys of the ``tls`` section
-        (:mod:`kahm_dask.pipeline.security`). Neither ``scheduler`` nor ``security`` is
+        (:mod:`kahm_dask.pipeline.cluster.security`). Neither ``scheduler`` nor ``security`` is
         written to the model store.
     storage_options : dict or None, default=None
         fsspec options (credentials, ``client_kwargs={"endpoint_url": ...}``, …) for the URLs

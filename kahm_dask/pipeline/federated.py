@@ -61,16 +61,14 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
 import zarr
 from distributed import Client
-from distributed.deploy import Cluster
 
 from kahm_dask.federated import (
     FederatedDecision,
@@ -82,18 +80,12 @@ from kahm_dask.federated import (
     site_seed,
     split_sites,
 )
-from kahm_dask.pipeline.cluster import LocalSpec, compute, connect, local_cluster
-from kahm_dask.pipeline.config import (
-    PipelineConfig,
-    Section,
-    _set_dotted,
-    bound,
-    invalid_value,
-    load_yaml,
-)
+from kahm_dask.pipeline.cluster import compute
+from kahm_dask.pipeline.cluster.progress import Progress, as_progress
+from kahm_dask.pipeline.cluster.sites import check_site_resources, pinned
+from kahm_dask.pipeline.config.sections import FederatedPipelineConfig, FederationConfig
 from kahm_dask.pipeline.data import OWNER, prepare_stores
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.run import (
     RunPaths,
     Stopwatch,
@@ -114,14 +106,6 @@ from kahm_dask.storage.locks import exclusive
 from kahm_dask.storage.private import make_private, private_directory
 
 __all__ = [
-    "FederationConfig",
-    "FederatedPipelineConfig",
-    "load_federated_config",
-    "site_resource",
-    "site_resources",
-    "site_cluster",
-    "connect_federated",
-    "check_site_resources",
     "site_dir",
     "site_paths",
     "write_site_stores",
@@ -136,130 +120,8 @@ __all__ = [
 
 log = logging.getLogger("kahm_dask")
 
-SplitScheme = Literal["iid", "per_class", "label_skew", "dirichlet"]
 # array names of the answer stores and of predictions.zarr (a FederatedDecision)
 LABEL, MIN_DISTANCE, SITE = "label", "min_distance", "site"
-
-
-# --------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True, kw_only=True)
-class FederationConfig(Section):
-    """``federation``: how the training rows are split into sites.
-
-    ``classes_per_site`` goes with ``split: label_skew`` and ``alpha`` with ``dirichlet``
-    (both null otherwise); ``split_seed`` seeds the split; ``pin_sites`` runs site q's tasks
-    only on workers with the resource ``site{q}``.
-    """
-
-    _key: ClassVar[str] = "federation"
-    sites: int = field(metadata=bound(ge=1))
-    split: SplitScheme = "iid"
-    classes_per_site: int | None = field(default=None, metadata=bound(ge=1))
-    alpha: float | None = field(default=None, metadata=bound(gt=0))
-    split_seed: int = field(default=0, metadata=bound(ge=0))
-    pin_sites: bool = False
-
-    def _validate(self) -> None:
-        for name, owner in (("classes_per_site", "label_skew"), ("alpha", "dirichlet")):
-            value, key = getattr(self, name), f"federation.{name}"
-            if self.split == owner and value is None:
-                raise invalid_value(key, f"split '{owner}' needs it", value)
-            if self.split != owner and value is not None:
-                reason = f"only used with split '{owner}' (split is '{self.split}')"
-                raise invalid_value(key, reason, value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FederatedPipelineConfig(PipelineConfig):
-    """A pipeline file with a ``federation`` section; every other key as in
-    :class:`~kahm_dask.pipeline.config.PipelineConfig` (same strict validation)."""
-
-    federation: FederationConfig
-
-    def with_overrides(self, **dotted: Any) -> FederatedPipelineConfig:
-        """A validated copy with dotted keys replaced (see ``PipelineConfig.with_overrides``)."""
-        d = self.to_dict()
-        for key, value in dotted.items():
-            _set_dotted(d, key, value)
-        return FederatedPipelineConfig.from_dict(d, base_dir=Path.cwd(), origin="the overrides")
-
-
-def load_federated_config(path: str | Path) -> FederatedPipelineConfig:
-    """Load and strictly validate a federated pipeline YAML file (``pipelines/federated_*``)."""
-    return FederatedPipelineConfig.from_dict(
-        load_yaml(path), base_dir=Path(path).absolute().parent, origin=str(path)
-    )
-
-
-# --------------------------------------------------------------------------- cluster
-
-
-def site_resource(q: int) -> str:
-    """Name of the worker resource that marks the workers of site q."""
-    return f"site{q}"
-
-
-def site_resources(n_workers: int, n_sites: int) -> list[dict[str, int]]:
-    """The resources of the workers of a local site cluster: worker ``w`` advertises
-    ``site{q}: 1`` for every q ≡ w (mod n_workers)."""
-    return [{site_resource(q): 1 for q in range(w, n_sites, n_workers)} for w in range(n_workers)]
-
-
-def site_cluster(
-    n_workers: int,
-    n_sites: int,
-    *,
-    threads_per_worker: int = 1,
-    memory_limit: str = "auto",
-    processes: bool = True,
-) -> Cluster:
-    """A local cluster (:func:`~kahm_dask.pipeline.cluster.local_cluster`) whose workers hold
-    the sites as :func:`site_resources` says (the caller closes it)."""
-    spec = LocalSpec(n_workers=n_workers, threads_per_worker=threads_per_worker,
-                     memory_limit=memory_limit, processes=processes)
-    return local_cluster(spec, site_resources(n_workers, n_sites))
-
-
-@contextmanager
-def connect_federated(cfg: FederatedPipelineConfig) -> Iterator[Client]:
-    """A client for a federated run (:func:`~kahm_dask.pipeline.cluster.connect`); everything
-    is closed on exit.
-
-    With ``federation.pin_sites`` and no ``cluster.scheduler``/``cluster.config``, the local
-    cluster's workers advertise the site resources (:func:`site_resources`); the workers of a
-    scheduler or a cluster config file must advertise them themselves (e.g.
-    ``dask worker ADDR --resources site0=1``).
-    """
-    c, fed = cfg.cluster, cfg.federation
-    local = fed.pin_sites and c.scheduler is None and c.config is None
-    resources = site_resources(c.n_workers, fed.sites) if local else None
-    with connect(c, worker_resources=resources) as client:
-        yield client
-
-
-def check_site_resources(client: Client, n_sites: int) -> None:
-    """Raise ``ValueError`` unless some worker advertises each resource ``site{q}``."""
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    have = {name for w in workers for name in (w.get("resources") or {})}
-    missing = [site_resource(q) for q in range(n_sites) if site_resource(q) not in have]
-    if missing:
-        raise ValueError(
-            f"federation.pin_sites is set but no worker advertises the resource(s) {missing}; "
-            "start workers with e.g. `dask worker ADDR --resources site0=1`, or leave "
-            "cluster.scheduler and cluster.config unset to get a local site cluster."
-        )
-
-
-@contextmanager
-def _pinned(q: int, pin: bool) -> Iterator[None]:
-    """Annotate the tasks built inside with the resource of site q (if ``pin``)."""
-    if not pin:
-        yield
-        return
-    with dask.annotate(resources={site_resource(q): 1}):
-        yield
 
 
 # --------------------------------------------------------------------------- sites
@@ -354,7 +216,7 @@ def train_site(
         model, work = directory.model, directory.work
     else:
         model, work = Path(directory) / "model.zarr", Path(directory) / "work"
-    with _pinned(q, pin):
+    with pinned(q, pin):
         return train_pipeline(store, model, work, settings, client, partition=partition,
                               progress=progress)
 
@@ -408,7 +270,7 @@ def answer_to_store(
     the workers with resource ``site{q}``. One graph per site: the model stores of all sites
     name their layers alike (``kahm-dist-c{c}-s{s}``). X are queries (the coordinator's test
     rows), sent to every site: never pass a site's training rows here."""
-    with _pinned(q, pin):
+    with pinned(q, pin):
         rho, code = site_answer_arrays(model_path, X, classes, n_probe=n_probe, eval_dtype=eval_dtype)
         _store_arrays({MIN_DISTANCE: rho, LABEL: code}, path, client)
     return Path(path)
@@ -482,7 +344,7 @@ def site_membership(
     workers; the member distances never leave them. Equal to
     :func:`kahm_dask.federated.site_membership_evaluation` with ``random_state=seed``.
     """
-    with _pinned(q, pin):
+    with pinned(q, pin):
         X = member_rows(store, max_train_rows, seed)  # built here: reads carry site q's resource
         d_train = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype).min(axis=1)
         d_test = da.from_zarr(str(test_answers), component=MIN_DISTANCE)
@@ -549,7 +411,7 @@ def _run_federated(
     with clock.stage("fit"):
         for q, store in enumerate(stores):
             with site_clock.stage(f"site{q}"):
-                with _pinned(q, fed.pin_sites):  # bounds (if not public) from the site's own rows
+                with pinned(q, fed.pin_sites):  # bounds (if not public) from the site's own rows
                     base = settings_from_config(cfg, store)
                 settings = dataclasses.replace(
                     base,

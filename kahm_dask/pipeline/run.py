@@ -39,6 +39,7 @@ from distributed import Client
 from threadpoolctl import threadpool_limits
 
 from kahm_dask.federated import membership_fields
+from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
 from kahm_dask.pipeline.estimator import DaskKAHMClassifier
@@ -48,7 +49,6 @@ from kahm_dask.pipeline.predict import (
     class_distance_array,
     predict_to_store,
 )
-from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.model import read_manifest
 from kahm_dask.pipeline.train import TrainSettings
@@ -331,7 +331,7 @@ def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: Progre
 
     The run folder is locked for the run (a second concurrent run on it is refused at once) and
     its ``owner/`` folder is private by file mode (folders 0700, files 0600). ``progress``: a
-    :class:`~kahm_dask.pipeline.progress.Progress` naming every stage (True: the console).
+    :class:`~kahm_dask.pipeline.cluster.progress.Progress` naming every stage (True: the console).
     """
     progress = as_progress(progress)
     paths = run_paths(cfg.output, cfg.privacy.epsilon is not None)

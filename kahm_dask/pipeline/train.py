@@ -55,10 +55,10 @@ from kahm_dask._version import __version__
 from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.cluster import compute
+from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.data import store_bounds
 from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.partition import partition_classes
-from kahm_dask.pipeline.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore, StoreError, is_complete, mark_complete
 from kahm_dask.pipeline.stores.model import cluster_done, mark_model_complete, write_manifest
 from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
@@ -373,7 +373,7 @@ def train_pipeline(
     resumes the staged one. ``partition`` : optional (N,) within-class cluster labels that
     replace the dask-ml k-means (to compare with the in-memory classifier given the same labels);
     a DP run treats them as computed from the private rows unless ``partition_public``.
-    ``progress``: a :class:`~kahm_dask.pipeline.progress.Progress` (True: on the console).
+    ``progress``: a :class:`~kahm_dask.pipeline.cluster.progress.Progress` (True: on the console).
     ``manifest_extra``: more manifest keys (the estimator's parameters), or a function of the
     run's k-means seed giving them; written before the model is committed.
     """

@@ -447,7 +447,7 @@ def test_override_paths_are_relative_to_cwd(in_tmp):
 def test_shipped_pipeline_files_are_valid(name):
     """Every pipeline file in pipelines/ loads and validates (the federated ones by their own
     schema); file sources need not exist until the run ingests them."""
-    from kahm_dask.pipeline.federated import load_federated_config
+    from kahm_dask.pipeline.config.sections import load_federated_config
 
     path = Path(__file__).parents[2] / "pipelines" / name
     cfg = (load_federated_config if name.startswith("federated") else load_config)(path)

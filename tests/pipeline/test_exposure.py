@@ -22,8 +22,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from kahm_dask import DaskKAHMClassifier
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.pipeline.cluster import connect
+from kahm_dask.pipeline.cluster.sites import site_cluster
 from kahm_dask.pipeline.config import ClusterConfig
-from kahm_dask.pipeline.federated import site_cluster
 from kahm_dask.pipeline.stores.rows import rows_per_chunk
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 

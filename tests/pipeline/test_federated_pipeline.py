@@ -27,15 +27,12 @@ import kahm_dask.pipeline.stores.sources as store_module
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import FederatedClassifier, fit_sites, split_sites
+from kahm_dask.pipeline.cluster.sites import check_site_resources, connect_federated, site_cluster
 from kahm_dask.pipeline.config import ConfigError
+from kahm_dask.pipeline.config.sections import FederatedPipelineConfig, load_federated_config
 from kahm_dask.pipeline.federated import (
-    FederatedPipelineConfig,
     answer_to_store,
-    check_site_resources,
-    connect_federated,
-    load_federated_config,
     run_federated_pipeline,
-    site_cluster,
     site_membership,
     train_site,
 )

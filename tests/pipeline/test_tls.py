@@ -1,4 +1,4 @@
-"""Mutual TLS: a cluster that lets in only its own (kahm_dask.pipeline.security).
+"""Mutual TLS: a cluster that lets in only its own (kahm_dask.pipeline.cluster.security).
 
 Real ``dask scheduler`` and ``dask worker`` processes on 127.0.0.1, once with mutual TLS
 (certificates made here by a test CA) and once in plain TCP: the estimator fits and predicts
@@ -38,9 +38,10 @@ from kahm_dask.pipeline.cluster import (
     connect_address,
     load_cluster_config,
 )
+from kahm_dask.pipeline.cluster.security import as_security, to_security
 from kahm_dask.pipeline.config import ClusterConfig, ConfigError, load_config
+from kahm_dask.pipeline.config.sections import ClusterTLSConfig, TLSConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
-from kahm_dask.pipeline.security import ClusterTLSConfig, TLSConfig, as_security, to_security
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.model import read_manifest
 from tests._cluster import free_port, start_session, stop_sessions

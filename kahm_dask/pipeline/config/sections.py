@@ -1,54 +1,51 @@
-"""The pipeline YAML schema: frozen dataclasses, strict validation, loading, overrides.
-
-A pipeline file (``pipelines/*.yaml``) has the sections ``data``, ``model``, ``privacy``,
-``partition``, ``evaluate``, ``report`` and ``cluster`` next to the top-level keys ``name``,
-``seed`` and ``output``; each section is one frozen dataclass below, whose fields, types and
-defaults *are* the schema. Validation is strict and happens on every construction (also
-when the dataclasses are built directly in Python):
-
-* unknown keys are rejected, naming the full dotted key and the valid keys;
-* types are exact: booleans must be booleans, integers must not be booleans, floats
-  accept integers; a wrong type is named with the expected type;
-* invalid values (``privacy.epsilon <= 0``, ``data.test_size`` outside (0, 1), an unknown
-  ``data.scale``, ...) are named with the allowed range. The ranges and choices of the model
-  and privacy parameters, and the rule tying ``privacy.r_value`` to ``privacy.r_source``, are
-  those of :mod:`kahm_dask.params` (shared with the estimator and the CLI).
-
-YAML is read with PyYAML's safe loader, changed in two ways: numbers follow YAML 1.2, so
-``1e-5`` is a float (YAML 1.1 reads it as a string) and ``1:30`` is a string (not the
-sexagesimal integer 90); and duplicate keys are an error instead of "last one wins".
+"""The sections of a pipeline file (``pipelines/*.yaml``): ``data``, ``model``, ``privacy``,
+``partition``, ``evaluate``, ``report`` and ``cluster`` (with its ``tls``) beside the top-level
+keys ``name``, ``seed`` and ``output``, and the ``federation`` of a federated run. Each is one
+frozen dataclass on :class:`~kahm_dask.pipeline.config.schema.Section`; the ranges and choices of
+the model and privacy parameters, and the rule tying ``privacy.r_value`` to
+``privacy.r_source``, are those of :mod:`kahm_dask.params` (shared with the estimators and the CLI).
 
 **Relative paths** (``output``, file paths in ``data.source`` and ``data.test_source``,
-``cluster.config``) are resolved against the *current working directory* when the config
-is loaded, and stored absolute. One exception: ``cluster.config`` is looked up relative
-to the YAML file's directory if it does not exist relative to the working directory, so a
-pipeline file can name a cluster config next to it.
+``cluster.config``, the ``tls`` files, ``privacy.ledger_dir``) are resolved against the *current
+working directory* when the config is loaded, and stored absolute. One exception:
+``cluster.config`` is looked up relative to the YAML file's directory if it does not exist
+relative to the working directory, so a pipeline file can name a cluster config next to it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import functools
 import math
 import os
-import re
-import types
-import typing
-from collections.abc import Hashable, Mapping
+import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from numbers import Real
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
-from dask.utils import parse_bytes
-
-from kahm_dask.params import PARAMS, Range, RuleError, check_r_value
+from kahm_dask.params import PARAMS, RuleError, check_r_value
 from kahm_dask.partition import KMEANS_DIMS
+from kahm_dask.pipeline.config.schema import (
+    ADDRESS,
+    DASHBOARD,
+    DASHBOARD_RULE,
+    MEMORY,
+    ConfigError,
+    Section,
+    bound,
+    invalid_value,
+    load_yaml,
+    rule,
+    set_dotted,
+)
 
 __all__ = [
-    "ConfigError",
+    "TLS_PROTOCOL",
+    "ALL_ROLES",
+    "SYNTHETIC_SOURCE",
+    "SKLEARN_PREFIX",
+    "TLSConfig",
+    "ClusterTLSConfig",
+    "check_address",
     "PipelineConfig",
     "DataConfig",
     "SyntheticConfig",
@@ -59,6 +56,9 @@ __all__ = [
     "ReportConfig",
     "ClusterConfig",
     "load_config",
+    "FederationConfig",
+    "FederatedPipelineConfig",
+    "load_federated_config",
 ]
 
 SYNTHETIC_SOURCE = "synthetic:blobs"
@@ -74,283 +74,91 @@ ClusterOn = Literal[PARAMS["cluster_on"].choices]
 EvalDtype = Literal[PARAMS["eval_dtype"].choices]
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value or key; the message names the dotted key.
+# --------------------------------------------------------------------------- tls
 
-    ``key`` is the dotted key at fault (or None), ``origin`` the file or source it came from.
-    The message is ``<subject> in <origin><detail>``, e.g. ``unknown key
-    'model.n_componets' in pipelines/x.yaml; valid keys: n_components, ...``.
-    """
-
-    def __init__(
-        self, subject: str, detail: str = "", *, key: str | None = None, origin: str | None = None
-    ) -> None:
-        self.subject, self.detail, self.key, self.origin = subject, detail, key, origin
-        where = f" in {origin}" if origin else ""
-        super().__init__(f"{subject}{where}{detail}")
-
-    def located(self, origin: str) -> ConfigError:
-        """This error with ``origin`` filled in (unchanged if it already has one)."""
-        if self.origin is not None:
-            return self
-        return ConfigError(self.subject, self.detail, key=self.key, origin=origin)
+TLS_PROTOCOL = "tls://"
+#: The roles of a cluster kahm-dask starts itself: it is the client, the scheduler and the workers.
+ALL_ROLES = ("client", "scheduler", "worker")
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def invalid_value(key: str, reason: str, value: Any) -> ConfigError:
-    """``invalid value for '<key>': <reason>, got <value>``."""
-    return ConfigError(f"invalid value for '{key}'", f": {reason}, got {value!r}", key=key)
-
-
-def _wrong_type(key: str, expected: str, value: Any) -> ConfigError:
-    got = "null" if value is None else f"{type(value).__name__} {value!r}"
-    return ConfigError(f"wrong type for '{key}'", f": expected {expected}, got {got}", key=key)
-
-
-def _unknown_key(key: str, name: Any, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return ConfigError(f"unknown key '{key}'", f"{hint}; valid keys: {', '.join(valid)}", key=key)
-
-
-def _join_key(prefix: str, name: Any) -> str:
-    """Dotted key of ``name`` inside the section ``prefix`` ("" = top level)."""
-    return f"{prefix}.{name}" if prefix else str(name)
-
-
-# --------------------------------------------------------------------------- type checks
-
-
-class _Mismatch(Exception):
-    """Internal: a value does not have the type of one hint (the caller names the key)."""
-
-
-def _members(hint: Any) -> tuple[Any, ...]:
-    """The members of a union hint, or ``(hint,)``."""
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return typing.get_args(hint)
-    return (hint,)
-
-
-def _type_name(hint: Any) -> str:
-    """Readable name of a type hint for error messages."""
-    if len(_members(hint)) > 1:
-        return " or ".join(_type_name(a) for a in _members(hint))
-    origin = typing.get_origin(hint)
-    if hint is list:
-        return "a list"
-    names = {
-        type(None): "null",
-        bool: "bool (true or false)",
-        Path: "a path (non-empty str)",
-        list: "a list of strings",
-        dict: "a mapping with string keys",
-    }
-    if origin is Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
-    if isinstance(hint, type) and issubclass(hint, Section):
-        return "a mapping"
-    return names.get(origin or hint, getattr(hint, "__name__", str(hint)))
-
-
-def _check_scalar(value: Any, hint: Any, key: str) -> Any:
-    """Check ``value`` against a non-union hint and return it normalized.
-
-    Raises ``_Mismatch`` for a wrong type and ConfigError for a wrong value.
-    """
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        if not isinstance(value, str):
-            raise _Mismatch
-        if value not in typing.get_args(hint):
-            raise invalid_value(key, f"expected {_type_name(hint)}", value)
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise _Mismatch
-        return list(value)
-    if origin is dict:
-        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise _Mismatch
-        return dict(value)
-    if hint is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise _Mismatch
-        if not math.isfinite(value):
-            raise invalid_value(key, "must be a finite number", value)
-        return float(value)
-    if hint is int and isinstance(value, bool):
-        raise _Mismatch
-    if hint is Path:
-        if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-            raise _Mismatch
-        return Path(os.path.abspath(os.path.expanduser(value)))
-    if not isinstance(value, hint):  # bool, int, str, or a nested section
-        raise _Mismatch
-    return value
-
-
-def _check_value(value: Any, hint: Any, key: str) -> Any:
-    """Check ``value`` against the type hint ``hint`` and return it normalized.
-
-    Union members are tried in order, so ``int | float`` keeps ints as ints.
-    """
-    for member in _members(hint):
-        if member is type(None):
-            if value is None:
-                return None
-            continue
-        try:
-            return _check_scalar(value, member, key)
-        except _Mismatch:
-            continue
-    raise _wrong_type(key, _type_name(hint), value)
-
-
-# --------------------------------------------------------------------------- value checks
-
-
-def within(values: Range) -> dict:
-    """Field metadata: a non-null value must lie in ``values``."""
-    reason = f"must be {values.bounds_text()}"
-
-    def check(value: Any, key: str) -> None:
-        if value not in values:
-            raise invalid_value(key, reason, value)
-
-    return {"check": check}
-
-
-def bound(*, gt: float | None = None, ge: float | None = None, lt: float | None = None) -> dict:
-    """Field metadata: a non-null value must be ``> gt`` (or ``>= ge``) and ``< lt`` (if given)."""
-    return within(Range(Real, gt if ge is None else ge, lt, closed="neither" if ge is None else "left"))
-
-
-def rule(name: str) -> dict:
-    """Field metadata: the range of the model/privacy parameter ``name`` (kahm_dask/params.py)."""
-    return within(PARAMS[name].range)
-
-
-def _check_memory(value: str, key: str) -> None:
-    if value == "auto":
-        return
-    try:
-        parse_bytes(value)
-    except (ValueError, TypeError):
-        reason = "expected 'auto' or a size such as '2GiB' or '500MB'"
-        raise invalid_value(key, reason, value) from None
-
-
-def _check_address(value: str, key: str) -> None:
-    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value):
-        raise invalid_value(
-            key, "expected a scheduler address with protocol, such as 'tcp://127.0.0.1:8786'", value
-        )
-
-
-MEMORY = {"check": _check_memory}
-ADDRESS = {"check": _check_address}
-
-#: The dashboard of a local cluster: this machine's loopback interface only.
-DASHBOARD = "127.0.0.1:8787"
-_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def dashboard_is_local(address: str) -> bool:
-    """Whether a dashboard address ``host:port`` listens on the loopback interface only (an
-    empty host, as in ``:8787``, means every interface)."""
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    return host in _LOOPBACK
-
-
-def _check_dashboard(value: str, key: str) -> None:
-    if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]*):\d{1,5}", value):
-        raise invalid_value(key, "expected host:port, such as '127.0.0.1:8787' (null: no dashboard)", value)
-
-
-DASHBOARD_RULE = {"check": _check_dashboard}
-
-
-# --------------------------------------------------------------------------- sections
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _no_password() -> bytes:
+    """The password callback of the check: an encrypted key fails instead of prompting."""
+    return b""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Section:
-    """Base of every schema dataclass: validates and normalizes its fields on construction.
+class TLSConfig(Section):
+    """``tls``: the certificate authority, this side's certificate and key (PEM files).
 
-    Subclasses set ``_key``, the dotted prefix of their keys ("" at the top level), declare
-    fields with type hints (the expected types), put value checks in the field metadata
-    (``bound``, ``MEMORY``, ``ADDRESS``) and cross-field checks in ``_validate``. The
-    cluster config schema (``cluster.py``) is built from the same pieces.
+    ``key`` may be None when the ``cert`` file holds the private key too. ``require_encryption``
+    refuses any unencrypted connection (keep it true). See the module docstring.
     """
 
-    _key: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for f in dataclasses.fields(self):
-            key = _join_key(self._key, f.name)
-            value = _check_value(getattr(self, f.name), hints[f.name], key)
-            if value is not None and "check" in f.metadata:
-                f.metadata["check"](value, key)
-            object.__setattr__(self, f.name, value)
-        self._validate()
+    _key: ClassVar[str] = "tls"
+    ca_file: Path
+    cert: Path
+    key: Path | None = None
+    require_encryption: bool = True
 
     def _validate(self) -> None:
-        """Cross-field checks and normalization after the field checks; none by default."""
+        for name in ("ca_file", "cert", "key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise invalid_value(self._name(name), "no such file", str(path))
+        self._check_loads()
 
-    @classmethod
-    def from_mapping(cls, raw: Any) -> typing.Self:
-        """Build the section from a parsed YAML mapping (None = all defaults)."""
-        raw = {} if raw is None else raw
-        if not isinstance(raw, Mapping):
-            if not cls._key:
-                raise ConfigError("wrong top-level type", f": expected a mapping, got {raw!r}")
-            raise _wrong_type(cls._key, "a mapping", raw)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for name in raw:
-            if name not in fields:
-                raise _unknown_key(_join_key(cls._key, name), name, list(fields))
-        for f in fields.values():
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            if required and f.name not in raw:
-                key = _join_key(cls._key, f.name)
-                raise ConfigError(f"missing required key '{key}'", "; it has no default", key=key)
-        kwargs = {name: _nested(_hints(cls)[name], value) for name, value in raw.items()}
-        return cls(**kwargs)
+    def _name(self, field_name: str) -> str:
+        return f"{self._key}.{field_name}"
 
-    def to_dict(self) -> dict[str, Any]:
-        """The section as plain JSON-able data (paths as str); ``from_mapping`` inverts it."""
-        return _plain(dataclasses.asdict(self))
-
-
-def _nested(hint: Any, value: Any) -> Any:
-    """Parse ``value`` as a nested section if ``hint`` is one (or an optional one)."""
-    members = _members(hint)
-    sections = [m for m in members if isinstance(m, type) and issubclass(m, Section)]
-    if not sections or (value is None and type(None) in members):
-        return value
-    return sections[0].from_mapping(value)
+    def _check_loads(self) -> None:
+        """Load the files as Dask will (a certificate chain, then the CA), naming the key at fault."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            context.load_cert_chain(self.cert, self.key, password=_no_password)
+        except (ssl.SSLError, OSError) as exc:
+            which = "cert" if self.key is None else "key"
+            reason = (f"the certificate and its private key do not load ({exc.__class__.__name__}: {exc}); "
+                      "give PEM files, the key unencrypted and matching the certificate")
+            if self.key is None:
+                reason += f", and '{self._name('key')}' unless '{self._name('cert')}' holds the key"
+            raise invalid_value(self._name(which), reason, str(getattr(self, which))) from None
+        try:
+            context.load_verify_locations(cafile=self.ca_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise invalid_value(self._name("ca_file"), f"not a PEM CA certificate ({exc})",
+                                str(self.ca_file)) from None
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
+@dataclass(frozen=True, kw_only=True)
+class ClusterTLSConfig(TLSConfig):
+    """``cluster.tls`` of a pipeline file (the same keys as :class:`TLSConfig`)."""
+
+    _key: ClassVar[str] = "cluster.tls"
 
 
-# --------------------------------------------------------------------------- the schema
+def check_address(address: str, has_tls: bool, *, address_key: str, tls_key: str) -> None:
+    """Raise :class:`~kahm_dask.pipeline.config.ConfigError` unless the scheduler ``address``
+    and the presence of TLS settings agree: ``tls://`` needs them, any other protocol refuses
+    them. ``address_key`` and ``tls_key`` name the two settings in the message."""
+    is_tls = address.startswith(TLS_PROTOCOL)
+    if is_tls and not has_tls:
+        raise ConfigError(
+            f"missing '{tls_key}' for the tls:// address '{address_key}'",
+            f": {address!r} needs TLS settings (ca_file, cert and key) to prove this client to the "
+            f"scheduler; give '{tls_key}', or the scheduler's tcp:// address if it does not use TLS",
+            key=tls_key,
+        )
+    if has_tls and not is_tls:
+        raise ConfigError(
+            f"'{tls_key}' is given but '{address_key}' is not a tls:// address",
+            f": {address!r} would be neither encrypted nor authenticated, whatever '{tls_key}' says; "
+            f"use the scheduler's tls:// address (tls://host:port), or remove '{tls_key}'",
+            key=address_key,
+        )
+
+
+
+# --------------------------------------------------------------------------- the pipeline
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,7 +222,7 @@ class DataConfig(Section):
             )
 
 
-def _number(v: Any) -> bool:
+def number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -426,9 +234,9 @@ def _check_bounds(value: list, key: str) -> None:
         raise invalid_value(key, reason, value)
     sides = []
     for side in value:
-        if _number(side):
+        if number(side):
             sides.append([float(side)])
-        elif isinstance(side, (list, tuple)) and side and all(_number(v) for v in side):
+        elif isinstance(side, (list, tuple)) and side and all(number(v) for v in side):
             sides.append([float(v) for v in side])
         else:
             raise invalid_value(key, reason, value)
@@ -521,7 +329,7 @@ class PrivacyConfig(Section):
 def _check_budget(value: list, key: str) -> None:
     """``[epsilon, delta]`` within the ranges of ``privacy.epsilon`` and ``privacy.delta``."""
     epsilon, delta = PARAMS["epsilon"].range, PARAMS["delta"].range
-    if not (len(value) == 2 and all(_number(v) for v in value) and value[0] in epsilon and value[1] in delta):
+    if not (len(value) == 2 and all(number(v) for v in value) and value[0] in epsilon and value[1] in delta):
         reason = f"expected [epsilon, delta] with epsilon {epsilon.bounds_text()} and delta {delta.bounds_text()}"
         raise invalid_value(key, reason, value)
 
@@ -566,7 +374,7 @@ class ClusterConfig(Section):
     ``scheduler`` (address of a running scheduler) or ``config`` (a ``cluster_configs/``
     file), at most one of them; with neither, a LocalCluster of ``n_workers`` workers.
     ``tls`` (``ca_file``, ``cert``, ``key``, ``require_encryption``;
-    :mod:`kahm_dask.pipeline.security`): mutual TLS with a ``tls://`` scheduler, or for the
+    :mod:`kahm_dask.pipeline.cluster.security`): mutual TLS with a ``tls://`` scheduler, or for the
     LocalCluster; a cluster config file holds its own ``tls``. ``dashboard_address``: the
     LocalCluster's dashboard, on this machine's loopback interface by default (it has no
     authentication); another host warns with ``PrivacyLeakWarning``, null turns it off.
@@ -579,7 +387,7 @@ class ClusterConfig(Section):
     threads_per_worker: int = field(default=1, metadata=bound(ge=1))
     memory_limit: str = field(default="auto", metadata=MEMORY)
     processes: bool = True
-    tls: _security.ClusterTLSConfig | None = None  # resolved lazily: security.py builds on Section
+    tls: ClusterTLSConfig | None = None
     dashboard_address: str | None = field(default=DASHBOARD, metadata=DASHBOARD_RULE)
 
     def _validate(self) -> None:
@@ -599,7 +407,7 @@ class ClusterConfig(Section):
                 key="cluster.tls",
             )
         if self.scheduler is not None:
-            _security.check_address(self.scheduler, self.tls is not None,
+            check_address(self.scheduler, self.tls is not None,
                                     address_key="cluster.scheduler", tls_key="cluster.tls")
 
 
@@ -650,7 +458,7 @@ class PipelineConfig(Section):
         """
         d = self.to_dict()
         for key, value in dotted.items():
-            _set_dotted(d, key, value)
+            set_dotted(d, key, value)
         return type(self).from_dict(d, base_dir=Path.cwd(), origin="the overrides")
 
 
@@ -670,75 +478,6 @@ def _with_cluster_config_resolved(d: Any, base_dir: Path) -> Any:
     return {**d, "cluster": {**cluster, "config": str(found.absolute())}}
 
 
-def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``d[a][b][c] = value`` for ``key = "a.b.c"``, creating missing sections."""
-    *parents, last = key.split(".")
-    node = d
-    for depth, name in enumerate(parents):
-        child = node.get(name)
-        if child is None:
-            child = node[name] = {}
-        if not isinstance(child, dict):
-            section = ".".join(parents[: depth + 1])
-            raise ConfigError(
-                f"cannot override '{key}'", f": '{section}' is a value, not a section",
-                key=key, origin="the overrides",
-            )
-        node = child
-    node[last] = value
-
-
-# --------------------------------------------------------------------------- YAML
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """Safe loader with YAML 1.2 numbers and an error on duplicate keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark,
-                )
-            if isinstance(key, Hashable):
-                seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_StrictLoader.add_implicit_resolver(
-    _INT,
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-    list("-+0123456789"),
-)
-_StrictLoader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
-        r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?"
-        r"|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
-        r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
-)
-
-
-def load_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file with the strict loader; syntax errors become ConfigError."""
-    with open(path, encoding="utf-8") as fh:
-        try:
-            return yaml.load(fh, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"cannot parse {os.fspath(path)}", f": {exc}") from None
-
-
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     """Load and validate a pipeline YAML file (see the module docstring for paths)."""
     return PipelineConfig.from_dict(
@@ -748,4 +487,57 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
 
 # The TLS section (security.py) builds on Section above: imported last, as a module, so that
 # either module can be imported first; ClusterConfig's ``tls`` hint is resolved at first use.
-from kahm_dask.pipeline import security as _security  # noqa: E402
+
+
+# --------------------------------------------------------------------------- federation
+
+SplitScheme = Literal["iid", "per_class", "label_skew", "dirichlet"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FederationConfig(Section):
+    """``federation``: how the training rows are split into sites.
+
+    ``classes_per_site`` goes with ``split: label_skew`` and ``alpha`` with ``dirichlet``
+    (both null otherwise); ``split_seed`` seeds the split; ``pin_sites`` runs site q's tasks
+    only on workers with the resource ``site{q}``.
+    """
+
+    _key: ClassVar[str] = "federation"
+    sites: int = field(metadata=bound(ge=1))
+    split: SplitScheme = "iid"
+    classes_per_site: int | None = field(default=None, metadata=bound(ge=1))
+    alpha: float | None = field(default=None, metadata=bound(gt=0))
+    split_seed: int = field(default=0, metadata=bound(ge=0))
+    pin_sites: bool = False
+
+    def _validate(self) -> None:
+        for name, owner in (("classes_per_site", "label_skew"), ("alpha", "dirichlet")):
+            value, key = getattr(self, name), f"federation.{name}"
+            if self.split == owner and value is None:
+                raise invalid_value(key, f"split '{owner}' needs it", value)
+            if self.split != owner and value is not None:
+                reason = f"only used with split '{owner}' (split is '{self.split}')"
+                raise invalid_value(key, reason, value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FederatedPipelineConfig(PipelineConfig):
+    """A pipeline file with a ``federation`` section; every other key as in
+    :class:`~kahm_dask.pipeline.config.PipelineConfig` (same strict validation)."""
+
+    federation: FederationConfig
+
+    def with_overrides(self, **dotted: Any) -> FederatedPipelineConfig:
+        """A validated copy with dotted keys replaced (see ``PipelineConfig.with_overrides``)."""
+        d = self.to_dict()
+        for key, value in dotted.items():
+            set_dotted(d, key, value)
+        return FederatedPipelineConfig.from_dict(d, base_dir=Path.cwd(), origin="the overrides")
+
+
+def load_federated_config(path: str | Path) -> FederatedPipelineConfig:
+    """Load and strictly validate a federated pipeline YAML file (``pipelines/federated_*``)."""
+    return FederatedPipelineConfig.from_dict(
+        load_yaml(path), base_dir=Path(path).absolute().parent, origin=str(path)
+    )

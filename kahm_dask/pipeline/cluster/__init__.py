@@ -1,0 +1,78 @@
+"""Where the work runs: a LocalCluster, a running scheduler, or a cluster config file.
+
+:func:`connect` turns the ``cluster`` section of a pipeline config into a
+``distributed.Client``, by priority:
+
+1. ``scheduler`` — connect to a running scheduler by address;
+2. ``config`` — build the cluster a ``cluster_configs/*.yaml`` file describes
+   (:func:`load_cluster_config`, :func:`build_cluster`);
+3. otherwise a ``LocalCluster(n_workers, threads_per_worker, memory_limit, processes)``
+   (:func:`local_cluster`; optionally with resources per worker).
+
+**TLS.** A ``tls`` section (:mod:`kahm_dask.pipeline.cluster.security`) makes the connection to a
+``tls://`` scheduler mutual TLS (``Client(address, security=...)``), or the local cluster's
+scheduler, workers and client talk mutual TLS on loopback. :func:`connect_address` connects
+to an address with a ready ``distributed.security.Security``.
+
+:func:`compute` runs a dask collection on the client, each task retried up to twice.
+
+**One BLAS thread per Dask thread.** Several BLAS threads inside each Dask thread oversubscribe
+the cores (measured on a 2-core machine: per-cluster tasks twice as slow, ``eigh(1000)`` 6-9 s
+instead of 0.1 s). Measured with distributed 2026.8: ``LocalCluster(env=...)`` does *not* work
+for this — the nanny sets those variables in the worker after NumPy has loaded OpenBLAS — while
+``distributed.nanny.pre-spawn-environ`` does, but a variable already set in the client's
+environment overrides it. So:
+
+* clusters started here get ``OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS = 1``
+  through ``distributed.nanny.pre-spawn-environ`` (set before the worker process starts);
+* every worker *process* (local, remote, SSH, SLURM, Kubernetes) also gets the
+  :class:`SingleThreadedBLAS` worker plugin, which loads NumPy's and SciPy's BLAS and limits
+  them to one thread with threadpoolctl — this also covers workers this module did not start
+  and environments that override the variables. On a remote scheduler the plugin stays
+  registered after disconnecting (one BLAS thread per Dask thread is Dask's own default);
+* a threaded LocalCluster (``processes: false``) runs in the client's process, so
+  :func:`connect` limits BLAS there for as long as the client is open, then restores it.
+
+**Logs.** The scheduler and nannies of a local cluster run in the client's process and log
+through its ``distributed`` loggers; its workers log at Dask's configured level
+``logging.distributed`` (the ``silence_logs`` of the cluster; default WARNING, as
+``LocalCluster``'s).
+"""
+
+from kahm_dask.pipeline.cluster.build import build_cluster, local_cluster, warn_exposed_dashboard
+from kahm_dask.pipeline.cluster.compute import compute
+from kahm_dask.pipeline.cluster.connect import DEFAULT_TIMEOUT, ClusterConnectionError, connect, connect_address
+from kahm_dask.pipeline.cluster.plugins import BLAS_ENV, IgnoreInterrupts, SingleThreadedBLAS, blas_limited_here
+from kahm_dask.pipeline.config.cluster_files import (
+    ClusterSpec,
+    KubernetesResources,
+    KubernetesSpec,
+    LocalSpec,
+    RemoteSpec,
+    SlurmSpec,
+    SSHSpec,
+    load_cluster_config,
+)
+
+__all__ = [
+    "BLAS_ENV",
+    "DEFAULT_TIMEOUT",
+    "ClusterConnectionError",
+    "SingleThreadedBLAS",
+    "IgnoreInterrupts",
+    "blas_limited_here",
+    "LocalSpec",
+    "RemoteSpec",
+    "SSHSpec",
+    "SlurmSpec",
+    "KubernetesResources",
+    "KubernetesSpec",
+    "ClusterSpec",
+    "load_cluster_config",
+    "local_cluster",
+    "build_cluster",
+    "warn_exposed_dashboard",
+    "connect",
+    "connect_address",
+    "compute",
+]
