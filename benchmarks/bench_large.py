@@ -23,7 +23,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from benchmarks._harness import machine_facts, markdown_table, write_report
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import load_config
-from kahm_dask.pipeline.run import run_pipeline
+from kahm_dask.pipeline.runs.central import run_pipeline
 
 
 class WorkerLosses(SchedulerPlugin):

@@ -105,12 +105,12 @@ def run_dask(X, y, Xt, yt, args) -> dict:
 
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
     from kahm_dask.pipeline.stores.dataset import write_dataset
-    from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+    from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 
     try:
         from kahm_dask.recipe import TrainParams
     except ImportError:  # the baseline checkout
-        from kahm_dask.pipeline.tasks import TrainParams
+        from kahm_dask.pipeline.training.tasks import TrainParams
     one = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     with tempfile.TemporaryDirectory(prefix="kahm-perf-") as tmp:
         tmp = Path(tmp)

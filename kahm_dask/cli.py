@@ -312,7 +312,7 @@ def ingest(source: str, store, test_store, test_size, split_seed, bounds, scale,
     the last column), "x.npy,y.npy" or "images.idx3-ubyte.gz,labels.idx1-ubyte.gz".
     """
     from kahm_dask.pipeline.config import DataConfig
-    from kahm_dask.pipeline.data import write_data_stores
+    from kahm_dask.pipeline.runs.data import write_data_stores
     from kahm_dask.pipeline.stores.dataset import ingest as ingest_store
 
     try:
@@ -405,7 +405,7 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
     from kahm_dask.pipeline.stores.dataset import open_dataset
-    from kahm_dask.pipeline.train import STAGED_MODEL, check_training_targets
+    from kahm_dask.pipeline.training import STAGED_MODEL, check_training_targets
     from kahm_dask.storage.location import as_location
     from kahm_dask.storage.private import private_directory
 
@@ -454,7 +454,7 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
         _fail(exc, resume_from=staged)
     statement = summary.get("privacy_statement_markdown")
     if statement is not None:
-        from kahm_dask.report import ledger_markdown
+        from kahm_dask.pipeline.runs.report import ledger_markdown
 
         statement_at.write_text(statement + "\n" + ledger_markdown(summary["privacy"]["ledger"]))
         click.echo(f"privacy statement (publishable, with MODEL): {statement_at}", err=True)
@@ -541,7 +541,7 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
     Computed on private rows: the numbers are for the data owner (each is explained in
     docs/privacy.md#measuring-membership-risk)."""
     from kahm_dask.pipeline.cluster.progress import ConsoleProgress
-    from kahm_dask.pipeline.run import evaluate as evaluate_run
+    from kahm_dask.pipeline.runs.central import evaluate as evaluate_run
     from kahm_dask.pipeline.stores.dataset import open_dataset
 
     try:
@@ -594,8 +594,8 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
     from kahm_dask.pipeline.cluster.sites import connect_federated
     from kahm_dask.pipeline.config import load_config, load_yaml
     from kahm_dask.pipeline.config.sections import load_federated_config
-    from kahm_dask.pipeline.federated import run_federated_pipeline
-    from kahm_dask.pipeline.run import run_pipeline
+    from kahm_dask.pipeline.runs.central import run_pipeline
+    from kahm_dask.pipeline.runs.federated import run_federated_pipeline
 
     t0 = time.perf_counter()
     if scheduler and cluster_config:
@@ -648,7 +648,7 @@ def _run_banner(cfg, federated: bool) -> str:
 
 def _echo_run_end(out: Path) -> None:
     """Print the report, then where the public and the owner's folders are."""
-    from kahm_dask.pipeline.data import OWNER, PUBLIC
+    from kahm_dask.pipeline.runs.data import OWNER, PUBLIC
 
     owner, public = out / OWNER, out / PUBLIC
     report = owner / "report.md" if (owner / "report.md").exists() else out / "report.md"

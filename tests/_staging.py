@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from kahm_dask.pipeline.stores.model import cluster_dir
-from kahm_dask.pipeline.train import STAGED_MODEL
+from kahm_dask.pipeline.training import STAGED_MODEL
 
 
 def interrupt_after_training(model: Path, work: Path, *lost: tuple[int, int]) -> Path:

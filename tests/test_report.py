@@ -9,8 +9,8 @@ was reported with 540 non-members (0.1 % of them is not one row).
 from __future__ import annotations
 
 from kahm_dask.federated import membership_fields
+from kahm_dask.pipeline.runs.report import RESULTS, write_report
 from kahm_dask.privacy.membership import MembershipAttack, MembershipInference
-from kahm_dask.report import RESULTS, write_report
 
 
 def _fields(n_nonmembers: int) -> dict:

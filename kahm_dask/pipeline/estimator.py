@@ -1,7 +1,7 @@
 """The scikit-learn API over the Dask pipeline: :class:`DaskKAHMClassifier`.
 
 ``fit`` writes the training rows to a Zarr dataset store (:func:`~kahm_dask.pipeline.stores.dataset.write_dataset`)
-and runs :func:`~kahm_dask.pipeline.train.train_pipeline` on the current ``distributed`` client, or on
+and runs :func:`~kahm_dask.pipeline.training.train.train_pipeline` on the current ``distributed`` client, or on
 a LocalCluster it starts and closes; the fitted estimator is a handle on the model store it wrote.
 Prediction is the pipeline's blockwise min/argmin reduction
 (:func:`~kahm_dask.pipeline.predict.class_distance_array`, docs/algorithm.md#classifier): lazy dask
@@ -54,10 +54,11 @@ from kahm_dask.pipeline.stores.model import (
     load_cluster,
     read_manifest,
     save_cluster,
+    versions,
     write_manifest,
 )
 from kahm_dask.pipeline.stores.rows import rows_per_chunk
-from kahm_dask.pipeline.train import TrainSettings, _versions, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import check_budget
 from kahm_dask.privacy.statement import PrivacyStatement
 from kahm_dask.recipe import TrainParams
@@ -372,7 +373,7 @@ persist_fraction
     def train_settings(
         self, *, bounds_source: str | None = None, budget: tuple[float, float] | None = None
     ) -> TrainSettings:
-        """The pipeline's :class:`~kahm_dask.pipeline.train.TrainSettings` of these parameters, after
+        """The pipeline's :class:`~kahm_dask.pipeline.training.train.TrainSettings` of these parameters, after
         checking them: the one translation of parameters into settings (``fit``, ``kahm-dask train``,
         ``kahm-dask run`` and the federated run all use it).
 
@@ -771,7 +772,7 @@ persist_fraction
                 "cluster_on": clf.cluster_on if private else None,
                 "privacy": {"release_id": None, "statement": clf.privacy_statement_.to_dict()} if private else None,
                 "clusters": clusters,
-                "versions": _versions(),
+                "versions": versions(),
                 ESTIMATOR_PARAMS_KEY: est._stored_params(),
             })
         return cls.load(target, storage_options=storage_options)

@@ -18,7 +18,7 @@ from kahm_dask.deep import _query_blocks
 from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.partition import kmeans_partition, partition_with_min_size
 from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
-from kahm_dask.pipeline.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
+from kahm_dask.pipeline.training.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
 from kahm_dask.privacy.fabrication import fabricate_partitioned
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams

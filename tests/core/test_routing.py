@@ -144,7 +144,7 @@ def test_pipeline_routing_matches_the_estimator_rule(tmp_path):
     from kahm_dask.pipeline.predict import class_distance_array
     from kahm_dask.pipeline.stores.dataset import write_dataset
     from kahm_dask.pipeline.stores.model import read_manifest
-    from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+    from kahm_dask.pipeline.training import TrainSettings, train_pipeline
     from kahm_dask.recipe import TrainParams
 
     X, y = make_class_blobs(3000, 8, 3, random_state=0)

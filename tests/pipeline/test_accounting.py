@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from kahm_dask.cli import main
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from kahm_dask.pipeline.train import NOISY, TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import NOISY, TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import BudgetExceededError
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.locks import FolderBusyError, exclusive

@@ -460,7 +460,7 @@ DP_PIPELINES = {"quickstart.yaml": 64, "mnist_idx.yaml": 784}
 def test_breast_cancer_pipeline_says_its_bounds_are_data_derived_and_warns():
     """Its "documented" bounds were the data set's own min/max rounded outward (6.9 against its
     minimum 6.981), labelled public: now the file says they are data-derived and the run warns."""
-    from kahm_dask.pipeline.data import feature_bounds
+    from kahm_dask.pipeline.runs.data import feature_bounds
     from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING
     from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
@@ -477,7 +477,7 @@ def test_shipped_dp_pipelines_use_public_bounds(name):
     """No warning, and the feature bounds of the release are public."""
     import warnings
 
-    from kahm_dask.pipeline.data import feature_bounds
+    from kahm_dask.pipeline.runs.data import feature_bounds
     from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
     from kahm_dask.privacy.randomness import PrivacyLeakWarning
 

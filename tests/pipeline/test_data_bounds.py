@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from kahm_dask.cli import main
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.data import feature_bounds, prepare_stores, raw_bounds
-from kahm_dask.pipeline.run import settings_from_config
+from kahm_dask.pipeline.runs.central import settings_from_config
+from kahm_dask.pipeline.runs.data import feature_bounds, prepare_stores, raw_bounds
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC
 from kahm_dask.privacy.randomness import PrivacyLeakWarning

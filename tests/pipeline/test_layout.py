@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import zarr
 
-from kahm_dask.pipeline.layout import class_layout, grouped_layout, write_grouped
-from kahm_dask.pipeline.partition import partition_classes, scalable_kmeans_init
+from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
+from kahm_dask.pipeline.training.partition import partition_classes, scalable_kmeans_init
 
 
 @pytest.fixture
@@ -83,8 +83,8 @@ def test_high_dimensional_modes_split_without_tiny_clusters():
     """Regression: dask-ml's unweighted k-means|| re-clustering gave clusters of 1–5 rows on
     high-dimensional Gaussian modes (the rule of
     docs/algorithm.md#kmeans-partition then re-ran k-means for every S − 1)."""
-    from kahm_dask.pipeline.partition import partition_class
     from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
+    from kahm_dask.pipeline.training.partition import partition_class
 
     X, y = synthetic_blobs(3000, 1024, 1, seed=0, chunk_rows=512, modes_per_class=4)
     labels = partition_class(X, 6, min_cluster_size=30, seed=np.random.SeedSequence(1),

@@ -27,7 +27,7 @@ from kahm_dask.partition import kmeans_partition
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, predict_to_store
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster, read_manifest
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
 

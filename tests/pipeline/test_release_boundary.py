@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kahm_dask.report as report_mod
+import kahm_dask.pipeline.runs.report as report_mod
 from kahm_dask.datasets import load_bundled
 from kahm_dask.pipeline.config import load_config
 from kahm_dask.pipeline.stores.dataset import open_dataset
@@ -48,7 +48,7 @@ def quickstart_run(tmp_path_factory):
     """The quickstart pipeline run on a thread LocalCluster; the fabricated-rows plot's input
     is captured to check what it draws."""
     from kahm_dask.pipeline.cluster import connect
-    from kahm_dask.pipeline.run import run_pipeline
+    from kahm_dask.pipeline.runs.central import run_pipeline
 
     out = tmp_path_factory.mktemp("quickstart") / "run"
     cfg = load_config(REPO / "pipelines" / "quickstart.yaml").with_overrides(

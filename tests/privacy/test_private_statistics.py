@@ -20,8 +20,8 @@ from sklearn.model_selection import train_test_split
 from kahm_dask import KAHMClassifier, PrivacyLedger
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.data import scaled_d
-from kahm_dask.pipeline.run import estimator_from_config
+from kahm_dask.pipeline.runs.central import estimator_from_config
+from kahm_dask.pipeline.runs.data import scaled_d
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC, Scaling
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.privacy.statement import CALLER_PARTITION, PRIVATE_SCALING
@@ -103,7 +103,7 @@ def test_privacy_d_is_in_raw_units():
 
 
 def test_the_run_turns_raw_d_into_feature_units(tmp_path):
-    from kahm_dask.pipeline.data import prepare_stores
+    from kahm_dask.pipeline.runs.data import prepare_stores
 
     cfg = PipelineConfig.from_dict({"name": "t", "output": str(tmp_path), "privacy": {"epsilon": 2.0, "d": 4},
                                     "data": {"source": "sklearn:digits", "bounds": [0, 16]}}, base_dir=".")

@@ -96,7 +96,7 @@ def run_pipeline_file(path: Path, client=None) -> dict:
     """Run a pipeline file in this process (on ``client``, or on the cluster it describes)."""
     from kahm_dask.pipeline.cluster import connect
     from kahm_dask.pipeline.config import load_config
-    from kahm_dask.pipeline.run import run_pipeline
+    from kahm_dask.pipeline.runs.central import run_pipeline
 
     cfg = load_config(path)
     if client is not None:

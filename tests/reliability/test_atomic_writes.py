@@ -29,6 +29,7 @@ import zarr
 
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
+from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import is_complete, mark_complete, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.model import (
     cached_cluster,
@@ -37,10 +38,9 @@ from kahm_dask.pipeline.stores.model import (
     load_cluster,
     save_cluster,
 )
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import PrivacyLedger
 from kahm_dask.recipe import TrainParams
-from kahm_dask.report import write_privacy_statement, write_report
 from kahm_dask.storage import atomic as _atomic
 from kahm_dask.storage.atomic import (
     atomic_directory,
@@ -239,22 +239,22 @@ def test_ledger_failure_mid_write_keeps_the_old_ledger(tmp_path, monkeypatch):
 
 
 def test_train_seed_and_settings_failure_mid_write_keep_the_old_files(tmp_path, monkeypatch):
-    from kahm_dask.pipeline import train as train_mod
+    from kahm_dask.pipeline.training import work as work_mod
 
     work, model = tmp_path / "w", tmp_path / "m.zarr"
     work.mkdir()
-    seed = train_mod._kmeans_seed(None, work)
-    assert train_mod._kmeans_seed(None, work) == seed  # kept in the work store
+    seed = work_mod.kmeans_seed(None, work)
+    assert work_mod.kmeans_seed(None, work) == seed  # kept in the work store
     models = (as_location(work / "model.zarr"), as_location(model))
-    train_mod._check_same_settings(models, as_location(work), {"seed": seed, "clusters": []})
-    seed_file, settings_file = work / train_mod.SEED_FILE, work / "settings.json"
+    work_mod.check_same_settings(models, as_location(work), {"seed": seed, "clusters": []})
+    seed_file, settings_file = work / work_mod.SEED_FILE, work / "settings.json"
     assert json.loads(settings_file.read_text()) == {"seed": seed, "clusters": []}
     seed_file.write_text("{")  # damaged: the next run draws and writes a new seed
     _fill_disk(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
-        train_mod._kmeans_seed(None, work)
+        work_mod.kmeans_seed(None, work)
     with pytest.raises(OSError, match="No space left"):
-        train_mod._check_same_settings(models, as_location(work), {"seed": seed + 1, "clusters": []})
+        work_mod.check_same_settings(models, as_location(work), {"seed": seed + 1, "clusters": []})
     assert seed_file.read_text() == "{"
     assert json.loads(settings_file.read_text()) == {"seed": seed, "clusters": []}
     assert _leftovers(work) == []

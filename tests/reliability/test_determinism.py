@@ -23,7 +23,7 @@ import pytest
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
 
 from .conftest import (
@@ -114,8 +114,8 @@ def test_dask_ml_partition_is_the_same_on_threads_one_and_two_workers():
     order could depend on the cluster; its labels must not (a resumed run recomputes it)."""
     from distributed import Client, LocalCluster
 
-    from kahm_dask.pipeline.partition import partition_classes
     from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
+    from kahm_dask.pipeline.training.partition import partition_classes
 
     X, y = synthetic_blobs(600, 8, 1, seed=3, chunk_rows=150)  # one class, S = 2
     kw = dict(n_components=5, block_size=300, s_rule="round", min_cluster_size=None,

@@ -33,7 +33,7 @@ from kahm_dask.cli import main
 from kahm_dask.pipeline.config import ConfigError, load_config
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.stores.dataset import ingest, open_dataset, write_dataset
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
 
 RNG = np.random.default_rng(0)

@@ -27,7 +27,7 @@ from kahm_dask.pipeline.config import ClusterConfig
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
 
 

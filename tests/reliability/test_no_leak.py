@@ -30,12 +30,12 @@ import zarr
 from kahm_dask import KAHMClassifier
 from kahm_dask import recipe as recipe_mod
 from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
-from kahm_dask.pipeline import tasks as tasks_mod
-from kahm_dask.pipeline import train as train_mod
 from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from kahm_dask.pipeline.tasks import GROUPED_X
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import tasks as tasks_mod
+from kahm_dask.pipeline.training import train as train_mod
+from kahm_dask.pipeline.training.tasks import GROUPED_X
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
 

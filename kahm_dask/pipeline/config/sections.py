@@ -193,7 +193,7 @@ class DataConfig(Section):
     [0, 1] (without ``bounds``: the training split's min/max, which are private);
     ``tanh255`` = tanh(pixel/255) with raw bounds [0, 255] unless ``bounds`` says otherwise;
     ``none`` keeps the raw values (the feature bounds are ``bounds``, or the training split's
-    private min/max). See :func:`kahm_dask.pipeline.data.feature_bounds`.
+    private min/max). See :func:`kahm_dask.pipeline.runs.data.feature_bounds`.
     """
 
     _key: ClassVar[str] = "data"

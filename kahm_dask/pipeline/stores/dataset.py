@@ -49,6 +49,7 @@ import zarr
 
 from kahm_dask.pipeline.stores.rows import label_array, rows_per_chunk
 from kahm_dask.pipeline.stores.sources import Source, array_source, dask_source, resolve_source
+from kahm_dask.privacy.bounds import bounds_from_private_data
 from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
 from kahm_dask.storage.location import (
     COMPLETE_FILE,
@@ -69,6 +70,7 @@ __all__ = [
     "ingest",
     "open_dataset",
     "array_fingerprint",
+    "store_bounds",
     "mark_complete",
     "is_complete",
 ]
@@ -331,6 +333,14 @@ def is_complete(path: LocationLike) -> dict[str, Any] | None:
     except json.JSONDecodeError as exc:
         raise StoreError(f"Completion marker {marker} is not valid JSON ({exc}); "
                          "delete it and rerun the step.") from None
+
+
+def store_bounds(store: DatasetStore) -> tuple[np.ndarray, np.ndarray]:
+    """Each feature's min and max over a dataset store (private: warns PrivacyLeakWarning)."""
+    X = store.X()
+    low, high = dask.compute(X.min(axis=0), X.max(axis=0))
+    return bounds_from_private_data(np.stack([np.asarray(low, np.float64), np.asarray(high, np.float64)]),
+                                    stacklevel=2)
 
 
 # ------------------------------------------------------------------------ building

@@ -38,9 +38,12 @@ from json import JSONDecodeError
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import zarr
 
+from kahm_dask._version import __version__
+from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.storage.atomic import sibling_path
 from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location, is_committed
@@ -57,6 +60,8 @@ __all__ = [
     "write_manifest",
     "read_manifest",
     "mark_model_complete",
+    "build_manifest",
+    "versions",
 ]
 
 MANIFEST_KEY = "kahm_dask_model"
@@ -269,3 +274,46 @@ def read_manifest(model_path: LocationLike, *, storage_options: Options = None) 
     if MANIFEST_KEY not in attrs:
         raise ValueError(f"{path} is not a kahm-dask model store (no manifest).")
     return attrs[MANIFEST_KEY]
+
+
+def build_manifest(store, params, settings, seed, privacy, table, extra: dict) -> dict:
+    """The manifest of a model store trained from the dataset ``store``: the class labels, the
+    recipe ``params``, the run ``settings`` that shape the model, the public k-means ``seed``, the
+    release (id and statement; None when not private), the (class, cluster, start, stop)
+    ``table`` and the library versions, with ``extra`` keys (the estimator's parameters)."""
+    return {
+        "format_version": 1,
+        "kahm_dask_version": __version__,
+        "classes": list(store.classes),
+        "n_features": store.n_features,
+        "params": params.to_dict(),
+        "seed": seed,  # k-means only; the noise never depends on it
+        "seed_streams": {"partition": [PARTITION_STREAM]},
+        "block_size": settings.block_size,
+        "cluster_on": settings.cluster_on if params.private else None,
+        "privacy": None if privacy is None else {
+            "release_id": privacy["release_id"],
+            "statement": privacy["statement"],
+        },
+        "clusters": [{"class": c, "cluster": s, "n_rows": b - a} for c, s, a, b in table],
+        "versions": versions(),
+        **extra,
+    }
+
+
+def versions() -> dict[str, str]:
+    """The versions of the libraries a model store was written with."""
+    import dask_ml
+    import distributed
+    import scipy
+    import sklearn
+
+    return {
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "scikit-learn": sklearn.__version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "dask-ml": dask_ml.__version__,
+        "zarr": zarr.__version__,
+    }

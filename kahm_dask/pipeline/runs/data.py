@@ -24,7 +24,7 @@ from sklearn.model_selection import train_test_split
 
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import SYNTHETIC_SOURCE
-from kahm_dask.pipeline.stores.dataset import DatasetStore, ingest, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.dataset import DatasetStore, ingest, open_dataset, store_bounds, write_dataset
 from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
@@ -32,7 +32,6 @@ from kahm_dask.privacy.bounds import (
     BOUNDS_PUBLIC,
     ResolvedBounds,
     Scaling,
-    bounds_from_private_data,
     public_bounds,
 )
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
@@ -46,7 +45,6 @@ __all__ = [
     "feature_bounds",
     "data_scaling",
     "scaled_d",
-    "store_bounds",
     "OWNER",
     "PUBLIC",
     "TANH255_RAW_BOUNDS",
@@ -127,14 +125,6 @@ def scaled_d(data, d, n_features: int):
         return d
     out = np.atleast_1d(scaling.scaled_d(d))
     return float(out[0]) if np.all(out == out[0]) else out.tolist()
-
-
-def store_bounds(store: DatasetStore) -> tuple[np.ndarray, np.ndarray]:
-    """Each feature's min and max over a dataset store (private: warns PrivacyLeakWarning)."""
-    X = store.X()
-    low, high = dask.compute(X.min(axis=0), X.max(axis=0))
-    return bounds_from_private_data(np.stack([np.asarray(low, np.float64), np.asarray(high, np.float64)]),
-                                    stacklevel=2)
 
 
 def _transform(X, X_train, data):

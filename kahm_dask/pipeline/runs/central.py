@@ -16,7 +16,7 @@ The run folder is split at the release boundary (:class:`RunPaths`):
   is fitted on private rows and lives here too.
 
 The steps every run takes are written here once and shared with the federated run
-(:mod:`kahm_dask.pipeline.federated`, which adds only what is federated): the folder layout
+(:mod:`kahm_dask.pipeline.runs.federated`, which adds only what is federated): the folder layout
 (:class:`RunPaths`), the train settings and report fields of a config, the stage timings
 (:class:`Stopwatch`), the accuracy and membership metrics, the privacy statements
 (:func:`write_statement`) and the report's metrics (:func:`report_metrics`). Connecting to
@@ -41,7 +41,6 @@ from threadpoolctl import threadpool_limits
 from kahm_dask.federated import membership_fields
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
 from kahm_dask.pipeline.estimator import DaskKAHMClassifier
 from kahm_dask.pipeline.predict import (
     DISTANCES,
@@ -49,16 +48,17 @@ from kahm_dask.pipeline.predict import (
     class_distance_array,
     predict_to_store,
 )
+from kahm_dask.pipeline.runs.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
+from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.model import read_manifest
-from kahm_dask.pipeline.train import TrainSettings
+from kahm_dask.pipeline.training import TrainSettings
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC, FeatureBounds
 from kahm_dask.privacy.membership import (
     membership_attack_from_distances,
     membership_inference_from_distances,
     training_row_subset,
 )
-from kahm_dask.report import write_privacy_statement, write_report
 from kahm_dask.storage.locks import exclusive
 from kahm_dask.storage.private import make_private, private_directory
 
@@ -135,11 +135,11 @@ def estimator_from_config(
     """The :class:`~kahm_dask.DaskKAHMClassifier` a pipeline config describes
     (:meth:`~kahm_dask.DaskKAHMClassifier.from_config`), and where its bounds come from.
 
-    For a DP run the feature bounds come from :func:`~kahm_dask.pipeline.data.feature_bounds`
+    For a DP run the feature bounds come from :func:`~kahm_dask.pipeline.runs.data.feature_bounds`
     (given the training store ``train``) as a :class:`~kahm_dask.privacy.bounds.FeatureBounds`
     with their scaling, and ``privacy.d`` (raw units) is turned into feature units
-    (:func:`~kahm_dask.pipeline.data.scaled_d`); without ``train`` the bounds are left to
-    :func:`~kahm_dask.pipeline.train.release_bounds` (the store's public feature range, else its
+    (:func:`~kahm_dask.pipeline.runs.data.scaled_d`); without ``train`` the bounds are left to
+    :func:`~kahm_dask.pipeline.training.train.release_bounds` (the store's public feature range, else its
     private min/max, with a warning).
     """
     bounds = source = None

@@ -14,7 +14,7 @@ dask-ml's ``inertia_`` is not used.
 
 Cost: dask-ml does not persist its input, so every k-means|| round and Lloyd iteration
 re-reads the class's rows. The pipeline therefore clusters the class-grouped copy
-(:mod:`kahm_dask.pipeline.layout`), where a class is one contiguous slice of its own chunks,
+(:mod:`kahm_dask.pipeline.training.layout`), where a class is one contiguous slice of its own chunks,
 and holds a class in worker memory during its k-means when it fits the given budget.
 """
 
@@ -198,7 +198,7 @@ def partition_classes(
 ) -> np.ndarray:
     """Within-class cluster labels for every row of the class-grouped copy ``X_by_class``
     (dask array (N, p), class code c in rows [start, stop) for each ``(c, start, stop)`` of
-    ``class_bounds``; :func:`~kahm_dask.pipeline.layout.class_layout`).
+    ``class_bounds``; :func:`~kahm_dask.pipeline.training.layout.class_layout`).
 
     Returns (N,) int64 labels in the copy's row order; class code c uses the seed
     ``child(seed, c)`` and its rows get labels 0..S_c − 1. A class whose k-means fits one

@@ -4,7 +4,7 @@ model store per site; prediction by the minimum-distance combination of the site
 A run is a **simulation** that starts from one pooled data set (the ``data`` section of an
 ordinary pipeline file), splits its training rows into sites (``federation`` section,
 :func:`kahm_dask.federated.split_sites`) and then keeps every site apart. Every site's folder
-is split at the release boundary as a central run's is (:class:`~kahm_dask.pipeline.run.RunPaths`)::
+is split at the release boundary as a central run's is (:class:`~kahm_dask.pipeline.runs.central.RunPaths`)::
 
     <output>/owner/data/{train,test}.zarr       pooled input of the simulation (the harness's)
     <output>/owner/sites.json                   the split: spec, rows and classes per site
@@ -32,7 +32,7 @@ model is queried with site q's own training rows only, on site q's workers, and 
 distances stay there.
 
 **Noise.** Each site's DP noise is drawn from the secure source by its own training run
-(:func:`~kahm_dask.pipeline.train.train_pipeline`) and recorded in its own ledger: no noise is
+(:func:`~kahm_dask.pipeline.training.train.train_pipeline`) and recorded in its own ledger: no noise is
 shared between sites. ``seed`` (when given) seeds only the k-means steps, site q with
 ``site_seed(seed, q)``. A test may pass ``insecure_noise_seed`` to
 :func:`run_federated_pipeline`; site q then draws from ``site_noise_seed(seed, q)``.
@@ -47,7 +47,7 @@ whatever the model store: two sites' layers in one graph would share keys.
 
 Everything a central run does too (connecting, computing, the folder layout, the accuracy and
 membership metrics, the privacy statements, the report's metrics) is the central run's code
-(:mod:`kahm_dask.pipeline.cluster`, :mod:`kahm_dask.pipeline.run`); this module adds the
+(:mod:`kahm_dask.pipeline.cluster`, :mod:`kahm_dask.pipeline.runs.central`); this module adds the
 split, the per-site training, the combination of the sites' answers and the site-local
 membership evaluation. Its files (``sites.json``, the answer stores, ``predictions.zarr``,
 ``membership.json``, the report) are written atomically: a reader sees the old file or the
@@ -84,9 +84,8 @@ from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.cluster.sites import check_site_resources, pinned
 from kahm_dask.pipeline.config.sections import FederatedPipelineConfig, FederationConfig
-from kahm_dask.pipeline.data import OWNER, prepare_stores
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.run import (
+from kahm_dask.pipeline.runs.central import (
     RunPaths,
     Stopwatch,
     accuracy,
@@ -97,10 +96,11 @@ from kahm_dask.pipeline.run import (
     settings_from_config,
     write_statement,
 )
+from kahm_dask.pipeline.runs.data import OWNER, prepare_stores
+from kahm_dask.pipeline.runs.report import write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.model import read_manifest
-from kahm_dask.pipeline.train import TrainSettings, train_pipeline
-from kahm_dask.report import write_report
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.storage.atomic import atomic_directory, write_json_atomic, write_text_atomic
 from kahm_dask.storage.locks import exclusive
 from kahm_dask.storage.private import make_private, private_directory
@@ -209,7 +209,7 @@ def train_site(
     progress: Progress | bool = False,
 ) -> dict:
     """Train site q's model store from its store; with ``pin`` every task carries the resource
-    ``site{q}``. ``directory``: the site's :class:`~kahm_dask.pipeline.run.RunPaths` (model
+    ``site{q}``. ``directory``: the site's :class:`~kahm_dask.pipeline.runs.central.RunPaths` (model
     store ``public/model.zarr`` for a DP site, work store ``owner/work``), or a plain
     directory (``directory/model.zarr``, ``directory/work``)."""
     if isinstance(directory, RunPaths):
@@ -339,7 +339,7 @@ def site_membership(
     with ``n_probe`` and ``eval_dtype``) against its answers to
     the shared queries (``test_answers``), written to ``out_path`` (site q's owner folder).
 
-    Returns only the summary fields (:func:`~kahm_dask.pipeline.run.membership_metrics`). With
+    Returns only the summary fields (:func:`~kahm_dask.pipeline.runs.central.membership_metrics`). With
     ``pin`` every task (reading the rows, the distances, the metrics) runs on site q's
     workers; the member distances never leave them. Equal to
     :func:`kahm_dask.federated.site_membership_evaluation` with ``random_state=seed``.

@@ -1,0 +1,262 @@
+"""Build and run the training graph (docs/design.md explains the cuts).
+
+Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
+
+1. The DP release (:mod:`~kahm_dask.pipeline.training.release`): bounds, the data set's ledger
+   (spent before any noise is drawn), the noisy rows drawn blockwise and stored once per release in
+   the work store, bound to the rows they were drawn for.
+2. A class-grouped copy of X_noisy (and of X where a setting reads the private rows)
+   (:mod:`~kahm_dask.pipeline.training.layout`), so each class is one contiguous slice.
+3. Per-class k-means (``child(root, 1, c)`` of the public ``seed``) on the noisy rows (or, with
+   ``cluster_on="original"``, which leaks, the private ones): in one task with the estimator's
+   own k-means when the class fits ``kmeans_persist_fraction`` of a worker's memory, else out
+   of core (k-means|| centres, then dask-ml's Lloyd iterations), the class held in worker
+   memory while it fits that fraction of the workers' memory
+   (:func:`~kahm_dask.pipeline.training.partition.partition_classes`).
+4. A cluster-grouped copy, built from the class-grouped one: rows ordered by (class, cluster),
+   original order within a cluster, so each task reads one contiguous slice.
+5. One task per (class, cluster) (:func:`~kahm_dask.pipeline.training.tasks.train_cluster`) into the
+   model staged in the work store; finished clusters are skipped on a rerun (resume), and the model
+   is committed to the model path when every cluster is written
+   (:mod:`~kahm_dask.pipeline.training.work`).
+
+The work store holds private data (X copies, cluster labels, the noisy rows before fabrication):
+it lives on the data owner's side; the model store holds only DP rows and models fitted on them,
+and nothing else computed from private rows. Both may be local paths or URLs (``s3://``, …) with
+fsspec ``storage_options`` (:mod:`kahm_dask.storage.location`); the tasks get the URL and the
+options.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dask
+import numpy as np
+
+from kahm_dask._random import child_seed_sequence
+from kahm_dask._validation import check_class_sizes, check_n_components
+from kahm_dask.classifier import PARTITION_STREAM
+from kahm_dask.pipeline.cluster import compute
+from kahm_dask.pipeline.cluster.progress import Progress, as_progress
+from kahm_dask.pipeline.stores.dataset import DatasetStore
+from kahm_dask.pipeline.stores.model import build_manifest, write_manifest
+from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
+from kahm_dask.pipeline.training.partition import partition_classes
+from kahm_dask.pipeline.training.release import release_stage
+from kahm_dask.pipeline.training.settings import TrainSettings
+from kahm_dask.pipeline.training.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
+from kahm_dask.pipeline.training.work import (
+    STAGED_MODEL,
+    check_same_settings,
+    check_training_targets,
+    cluster_info,
+    commit_model,
+    kmeans_seed,
+)
+from kahm_dask.storage.location import (
+    Location,
+    LocationLike,
+    as_location,
+)
+from kahm_dask.storage.locks import exclusive
+from kahm_dask.storage.private import make_private, private_directory
+
+log = logging.getLogger("kahm_dask")
+
+__all__ = ["train_pipeline"]
+
+
+def train_pipeline(
+    store: DatasetStore,
+    model_path: LocationLike,
+    work_path: LocationLike,
+    settings: TrainSettings,
+    client=None,
+    *,
+    partition: np.ndarray | None = None,
+    partition_public: bool = False,
+    progress: Progress | bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    manifest_extra: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
+) -> dict:
+    """Train every cluster model of ``store`` into ``model_path``; returns a summary dict.
+
+    ``model_path`` and ``work_path`` are local paths or URLs, with fsspec ``storage_options``.
+    Both are checked before the release (:func:`check_training_targets`); the work store is
+    locked for the run (a second concurrent run on it is refused), created 0700, and holds the
+    model while it is trained (``<work>/model.zarr``), which is moved to ``model_path`` only
+    when every cluster is written: an interrupted run leaves no partial model there, and a rerun
+    resumes the staged one. ``partition`` : optional (N,) within-class cluster labels that
+    replace the dask-ml k-means (to compare with the in-memory classifier given the same labels);
+    a DP run treats them as computed from the private rows unless ``partition_public``.
+    ``progress``: a :class:`~kahm_dask.pipeline.cluster.progress.Progress` (True: on the console).
+    ``manifest_extra``: more manifest keys (the estimator's parameters), or a function of the
+    run's k-means seed giving them; written before the model is committed.
+    """
+    check_class_sizes(store.class_counts)
+    check_n_components(settings.params.n_components, store.n_features, stacklevel=2)
+    model_path, work_path = as_location(model_path, storage_options), as_location(work_path, storage_options)
+    check_training_targets(model_path, work_path)
+    if work_path.is_local:
+        private_directory(work_path.path)
+    with exclusive(work_path.path if work_path.is_local else None, "the work store"):
+        summary = _train(store, model_path, work_path, settings, client, partition, partition_public,
+                         as_progress(progress), manifest_extra)
+    if work_path.is_local:
+        make_private(work_path.path)
+    if not settings.params.private and model_path.is_local:
+        make_private(model_path.path)  # a non-private model holds private rows: owner only
+    return summary
+
+
+def _train(
+    store: DatasetStore, model_path: Location, work_path: Location, settings: TrainSettings, client,
+    partition: np.ndarray | None, partition_public: bool, progress: Progress,
+    manifest_extra: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None,
+) -> dict:
+    t0 = time.perf_counter()
+    params = settings.params
+    staged = work_path / STAGED_MODEL
+    seed = kmeans_seed(settings.seed, work_path)
+    extra = dict((manifest_extra(seed) if callable(manifest_extra) else manifest_extra) or {})
+    root = np.random.SeedSequence(seed)
+    X = store.X()  # stored dtype (float32 halves memory and I/O); tasks compute in float64
+    y = store.y()
+    chunk_rows = X.chunks[0][0]
+    stages: dict[str, float] = {}
+
+    X_noisy, privacy, statement = None, None, None
+    if params.private:
+        with progress.stage(f"release (DP noise, ε = {params.epsilon:g} per entry)"):
+            X_noisy, release = release_stage(store, X, settings, work_path, (staged, model_path), model_path,
+                                              caller_partition=partition is not None and not partition_public)
+        statement = release.statement
+        ledger = release.ledger
+        privacy = {
+            "release_id": release.release_id,
+            "noise_reused": release.reused,
+            "statement": statement.to_dict(),
+            "ledger": None if ledger is None else ledger.summary(),
+            "ledger_path": None if ledger is None or ledger.path is None else str(ledger.path),
+        }
+    stages["noise"] = time.perf_counter() - t0
+
+    layout = class_layout(y)
+    sources = {"X_noisy": X_noisy}
+    if settings.needs_private_rows:
+        sources["X"] = X
+    with progress.stage("copy rows by class"):
+        by_class = {
+            name: write_grouped(source, layout.groups, work_path / f"{name}_by_class", chunk_rows)
+            for name, source in sources.items() if source is not None
+        }
+    stages["class_grouping"] = time.perf_counter() - t0 - sum(stages.values())
+    with progress.stage("partition (k-means per class)"):
+        labels = _labels(partition, by_class, layout, params, settings, root, client, y)
+    stages["partition"] = time.perf_counter() - t0 - sum(stages.values())
+    log.info("partition: %d clusters in %.1f s", len(np.unique(np.c_[y, labels], axis=0)), stages["partition"])
+    groups, table = grouped_layout(y, labels)
+    position = layout.position  # the cluster groups as rows of the class-grouped copies
+    groups = [position[g] for g in groups]
+    with progress.stage("copy rows by cluster"):
+        for name, out in (("X", GROUPED_X), ("X_noisy", GROUPED_X_NOISY)):
+            if name in by_class:
+                write_grouped(by_class[name], groups, work_path / out, chunk_rows)
+    t_prep = time.perf_counter() - t0
+    stages["grouping"] = t_prep - sum(stages.values())
+
+    current = {
+        "params": params.to_dict(),
+        "seed": seed,
+        "mechanism": None if statement is None else statement.mechanism,
+        "bounds_source": None if statement is None else statement.bounds_source,
+        "noise_id": None if privacy is None else privacy["release_id"],
+        "block_size": settings.block_size,
+        "s_rule": settings.s_rule,
+        "min_cluster_size": settings.min_cluster_size,
+        "cluster_on": settings.cluster_on,
+        "classes": list(store.classes),
+        "n_features": store.n_features,
+        "clusters": [list(row) for row in table],
+    }
+    finished = check_same_settings((staged, model_path), work_path, current)
+    if finished:  # a rerun of a complete run: the committed model store is this run's
+        infos = [{**cluster_info(model_path, c, s), "seconds": None, "resumed": True} for c, s, _, _ in table]
+        progress.note(f"  train: all {len(table)} clusters already in {model_path}")
+    else:
+        write_manifest(staged, build_manifest(store, params, settings, seed, privacy, table, extra))
+        if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
+            client.run(_trim_memory)
+        tasks = [
+            dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
+            for c, s, a, b in table
+        ]
+        infos = compute(tasks, client, progress=progress, label=f"train {len(table)} clusters")
+        commit_model(staged, model_path)
+    return {
+        "n_clusters": len(table),
+        "n_resumed": sum(i["resumed"] for i in infos),
+        "seed": seed,
+        "prepare_seconds": round(t_prep, 3),
+        "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
+        "train_seconds": round(time.perf_counter() - t0 - t_prep, 3),
+        "privacy": privacy,
+        "privacy_statement_markdown": None if statement is None else statement.to_markdown(),
+        "clusters": infos,
+    }
+
+
+def _labels(partition, by_class, layout, params, settings, root, client, y) -> np.ndarray:
+    """(N,) within-class cluster labels: the caller's, or k-means per class on the class copy."""
+    if partition is not None:
+        return np.asarray(partition, dtype=np.int64)
+    cluster_on = "X_noisy" if (params.private and settings.cluster_on == "noisy") else "X"
+    labels = np.empty(len(y), dtype=np.int64)
+    labels[layout.order] = partition_classes(
+        by_class[cluster_on],
+        layout.bounds,
+        n_components=params.n_components,
+        block_size=settings.block_size,
+        s_rule=settings.s_rule,
+        min_cluster_size=settings.min_cluster_size,
+        seed=child_seed_sequence(root, PARTITION_STREAM),
+        n_init=settings.n_init,
+        kmeans_dims=settings.kmeans_dims,
+        task_bytes=_memory_share(settings.kmeans_persist_fraction, client, min),
+        oversampling_factor=settings.oversampling_factor,
+        init_max_iter=settings.init_max_iter,
+        max_iter=settings.kmeans_max_iter,
+        max_cluster_rows=settings.max_cluster_rows,
+        persist_bytes=_memory_share(settings.kmeans_persist_fraction, client),
+    )
+    return labels
+
+
+def _trim_memory() -> int:
+    """Return freed heap memory of this (worker) process to the OS (glibc ``malloc_trim``;
+    a no-op elsewhere), so the training tasks start from the worker's real baseline."""
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return 0
+
+
+def _memory_share(fraction: float, client, combine=sum) -> int:
+    """``fraction`` of the workers' memory limits combined by ``combine`` (``sum``: the memory
+    a class's rows may take while held for its k-means; ``min``: what one in-task k-means may
+    use), or of the available memory without a client (threads)."""
+    if fraction <= 0:
+        return 0
+    if client is not None:
+        limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
+        if limits and all(limits):
+            return int(fraction * combine(limits))
+    import psutil
+
+    return int(fraction * psutil.virtual_memory().available)
