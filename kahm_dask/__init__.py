@@ -7,7 +7,8 @@ loaded from there on first access).
 """
 
 from kahm_dask._version import __version__
-from kahm_dask.classifier import KAHMClassifier, class_matching_scores
+from kahm_dask.base import class_matching_scores
+from kahm_dask.classifier import KAHMClassifier
 from kahm_dask.deep import DeepKAHM, WideKAHM
 from kahm_dask.federated import FederatedClassifier, Site, SiteAnswer, combine, split_sites
 from kahm_dask.kahm import KAHM, DegenerateWeightsWarning

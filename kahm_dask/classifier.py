@@ -17,8 +17,6 @@ the Remark 4 subsets (as in the Dask pipeline).
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -30,9 +28,10 @@ from kahm_dask._validation import (
     check_label_types,
     check_n_components,
 )
+from kahm_dask.base import KAHMClassifierBase
 from kahm_dask.deep import WideKAHM
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
-from kahm_dask.params import PARAMS, check_r_value, parameter_constraints
+from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
 from kahm_dask.privacy.bounds import clipped_share, resolve_bounds, warn_if_clipped
 from kahm_dask.privacy.fingerprint import fingerprint
@@ -41,7 +40,7 @@ from kahm_dask.privacy.randomness import as_noise_source
 from kahm_dask.privacy.release import begin_release
 from kahm_dask.recipe import TrainParams
 
-__all__ = ["KAHMClassifier", "class_matching_scores", "class_proportions", "DP_DATA", "PARTITION_STREAM"]
+__all__ = ["KAHMClassifier", "DP_DATA", "PARTITION_STREAM"]
 
 DP_DATA = PARAMS["dp_data"].choices
 #: The k-means partition of class index c is seeded by ``child(SeedSequence(random_state), 1, c)``,
@@ -53,40 +52,7 @@ PARTITION_STREAM = 1
 #: EVAL_BLOCK_ROWS to keep those sub-blocks BLAS-sized.
 ROUTED_BLOCK_ROWS = 4096
 
-def class_matching_scores(distances: np.ndarray) -> np.ndarray:
-    """Class-matching scores ``ms_c(y) = exp(−Γ_c² / Σ_c' Γ_c'²)`` (Definition 8, eq. 67).
-
-    distances : (m, C) per-class distances Γ_c ≥ 0, possibly +∞. Returns (m, C) in
-    [e^{-1}, 1]. Rows of zeros give 1 everywhere; with k ≥ 1 infinite entries in a row, those
-    get e^{-1/k} and the finite ones 1 (the limit rule,
-    docs/algorithm.md#decision-infinite-distances).
-    """
-    return np.exp(-_exponent_ratios(np.asarray(distances, dtype=np.float64)))
-
-
-def class_proportions(distances: np.ndarray) -> np.ndarray:
-    """The class-matching scores (:func:`class_matching_scores`) of distances (m, C), scaled to
-    sum to 1 per row → (m, C): what ``predict_proba`` returns (a monotone re-expression of the
-    distances, not a calibrated probability)."""
-    ms = class_matching_scores(distances)
-    return ms / ms.sum(axis=1, keepdims=True)
-
-
-def _exponent_ratios(D: np.ndarray) -> np.ndarray:
-    """``Γ_c² / Σ_c' Γ_c'²`` per row with the zero-row and +∞ rules of Definition 8."""
-    inf = np.isinf(D)
-    finite = np.where(inf, 0.0, D)
-    scale = finite.max(axis=1, keepdims=True)
-    scale[scale == 0] = 1.0
-    sq = (finite / scale) ** 2
-    total = sq.sum(axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(total > 0, sq / total, 0.0)
-    n_inf = inf.sum(axis=1, keepdims=True)
-    return np.where(n_inf > 0, np.where(inf, 1.0 / np.maximum(n_inf, 1), 0.0), ratio)
-
-
-class KAHMClassifier(ClassifierMixin, BaseEstimator):
+class KAHMClassifier(KAHMClassifierBase):
     """Minimum-distance classifier over per-class wide deep KAHMs (Definitions 7, 8, 12).
 
     Parameters
@@ -200,12 +166,8 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
 
     #: The rule of every parameter, from kahm_dask/params.py (``r_value`` is also checked
     #: against ``r_source``).
-    _parameter_constraints: dict = parameter_constraints(
-        "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d",
-        "dp_data", "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range",
-        "chunk_size", "n_init", "kmeans_dims", "n_probe", "eval_dtype", "n_jobs", "ledger", "budget",
-        "insecure_noise_seed",
-    )
+    _parameter_constraints: dict = parameter_constraints(*CLASSIFIER_PARAMS)
+    _fitted_attribute = "models_"
 
     def __init__(
         self,
@@ -261,14 +223,6 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         self.insecure_noise_seed = insecure_noise_seed
 
     # ------------------------------------------------------------------ fitting
-    def _check_params(self) -> None:
-        """Raise scikit-learn's ``InvalidParameterError`` (a ValueError and a TypeError) naming
-        the first parameter that breaks its rule."""
-        name = type(self).__name__
-        validate_parameter_constraints(self._parameter_constraints, self.get_params(deep=False), name)
-        check_r_value(self.r_source, self.r_value, name)
-        check_budget(self.budget, "budget")
-
     def _wide(self, seed: np.random.SeedSequence) -> WideKAHM:
         return WideKAHM(
             self.n_components,
@@ -345,6 +299,7 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             self.r_source,
             self.r_value,
             self.max_passes,
+            self.chunk_size,
         )
 
     def _fit_class(
@@ -372,7 +327,6 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
             recipe.fit_cluster(
                 data[branch == s],
                 X_c[branch == s] if recipe.reads_private_rows else None,
-                chunk_size=self.chunk_size,
             )
             for s in ids
         ]
@@ -439,33 +393,5 @@ class KAHMClassifier(ClassifierMixin, BaseEstimator):
         in_threads(one_block, row_chunks(X.shape[0], block), self.n_jobs)
         return out
 
-    def _predict_from_distances(self, D: np.ndarray) -> np.ndarray:
-        return self.classes_[np.argmin(D, axis=1)]
-
-    def predict(self, X) -> np.ndarray:
-        """Class of minimum distance (Definition 7, eq. 66); ties → lowest class index."""
-        return self._predict_from_distances(self.class_distances(X))
-
-    def match_score(self, X) -> np.ndarray:
-        """Class-matching scores (Definition 8) → (m, C) in [e^{-1}, 1]; not probabilities."""
-        return class_matching_scores(self.class_distances(X))
-
-    def predict_proba(self, X) -> np.ndarray:
-        """Class-matching scores normalised to sum to 1 per row → (m, C).
-
-        A monotone re-expression of the distances, not a calibrated probability.
-        """
-        return class_proportions(self.class_distances(X))
-
-    def decision_function(self, X) -> np.ndarray:
-        """Negated distances ``−Γ_c`` → (m, C).
-
-        For two classes (scikit-learn convention: one column, positive means
-        ``classes_[1]``) it returns ``log ms_1 − log ms_0 = (Γ_0² − Γ_1²) / (Γ_0² + Γ_1²)``
-        → (m,) in [−1, 1], which ranks rows exactly like ``predict_proba[:, 1]``.
-        """
-        D = self.class_distances(X)
-        if D.shape[1] == 2:
-            log_ms = -_exponent_ratios(D)
-            return log_ms[:, 1] - log_ms[:, 0]
-        return -D
+    def _map_distances(self, X, fn, *, rows: bool, dtype) -> np.ndarray:
+        return fn(self.class_distances(X))

@@ -22,7 +22,6 @@ import click
 
 from kahm_dask.params import PARAMS
 from kahm_dask.pipeline.config import DASHBOARD
-from kahm_dask.privacy.fabrication import DEFAULT_PASSES
 from kahm_dask.privacy.ledger import LEDGER_DIR_ENV as LEDGER_ENV
 
 __all__ = ["main"]
@@ -104,6 +103,79 @@ def _param_type(name: str) -> click.ParamType:
         min=values.left, max=values.right,
         min_open=values.closed in ("right", "neither"), max_open=values.closed in ("left", "neither"),
     )
+
+
+#: Options of ``kahm-dask train`` that are not named after their parameter, or take another form
+#: (the other parameters of the Dask estimator are options ``--<name>``, generated from the table).
+_SPECIAL_OPTIONS = {
+    "random_state": click.option(
+        "--seed", "random_state", type=_param_type("random_state"), default=None,
+        help="Seed of the k-means steps (not secret: the noise never depends on it). Default: drawn once and "
+             "kept in the work store."),
+    "bounds": click.option(
+        "--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
+        help="Public bounds of every feature of STORE (in STORE's units), known without looking at the data; "
+             "entries are clipped to them before noise. Default: the public feature range STORE records "
+             "(`kahm-dask ingest --bounds`), else each feature's min/max (private: warns, and the privacy "
+             "statement says so)."),
+    "budget": click.option(
+        "--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
+        help="Cap of STORE's privacy ledger: lowers its budget (never raises it); a release beyond it is "
+             "refused before any noise is drawn."),
+    "ledger": click.option(
+        "--ledger-dir", "ledger", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help=f"Ledger directory (default: ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers)."),
+}
+#: Parameters ``kahm-dask train`` does not take: this process's threads, and the test-only seed.
+_NOT_OPTIONS = ("n_jobs", "insecure_noise_seed")
+
+
+def _parameter_options(f):
+    """Every model, privacy and partition parameter of the Dask estimator as an option of
+    ``f`` (``--n-components`` …), from the parameter table (type, default, meaning)."""
+    from kahm_dask.params import CLASSIFIER_PARAMS, PARTITION_PARAMS
+
+    for name in reversed((*CLASSIFIER_PARAMS, *PARTITION_PARAMS)):
+        if name in _NOT_OPTIONS:
+            continue
+        if name in _SPECIAL_OPTIONS:
+            f = _SPECIAL_OPTIONS[name](f)
+            continue
+        param = PARAMS[name]
+        f = click.option(f"--{name.replace('_', '-')}", name, type=_param_type(name), default=param.default,
+                         show_default=param.default is not None, help=param.meaning + ".")(f)
+    return f
+
+
+def _check_as_options(estimator, budget) -> None:
+    """The estimator's parameter checks, their errors naming the command-line flag."""
+    import re
+
+    from sklearn.utils._param_validation import InvalidParameterError
+
+    try:
+        estimator.train_settings(budget=budget)
+    except InvalidParameterError as exc:
+        match = re.match(r"The '(\w+)' parameter of \w+ (.*)", str(exc), flags=re.S)
+        if match is None:
+            raise
+        name, rest = match.groups()
+        rest = rest.removeprefix("is invalid: ")
+        flag = {"random_state": "seed", "ledger": "ledger-dir"}.get(name, name).replace("_", "-")
+        raise click.UsageError(f"Invalid value for '--{flag}': {rest}") from None
+    except ValueError as exc:
+        if str(exc).startswith("budget "):
+            raise click.UsageError(f"Invalid value for '--budget': {str(exc)[len('budget '):]}") from None
+        raise
+
+
+def _estimator_params(options: dict) -> dict:
+    """The estimator's parameters from the options of :func:`_parameter_options`."""
+    params = dict(options)
+    if params["r_value"] is not None and float(params["r_value"]).is_integer():
+        params["r_value"] = int(params["r_value"])  # a whole number on the command line: also a number of passes
+    params["ledger"] = "auto" if params["ledger"] is None else str(params["ledger"])
+    return params
 
 
 class _StoreArgument(click.ParamType):
@@ -358,39 +430,11 @@ def _refuse_existing(overwrite: bool, *paths) -> None:
 @click.option("--work", type=_StoreArgument(),
               help="Work store (private copies, the noisy rows, the model while it is trained; owner only). "
                    "Default: beside STORE, STORE's name with .kahm-work/, one folder per MODEL.")
-@click.option("--n-components", type=_param_type("n_components"), default=20, show_default=True)
-@click.option("--n-layers", type=_param_type("n_layers"), default=1, show_default=True)
-@click.option("--block-size", type=_param_type("block_size"), default=1000, show_default=True)
-@click.option("--epsilon", type=_param_type("epsilon"),
-              help="Privacy-loss bound ε per entry; omit for a non-private model.")
-@click.option("--delta", type=_param_type("delta"), default=0.0, show_default=True, help="δ; 0 is pure ε-DP.")
-@click.option("--bounds", type=float, nargs=2, metavar="LOW HIGH", default=None,
-              help="Public bounds of every feature of STORE (in STORE's units), known without looking at the data; "
-                   "entries are clipped to them before noise. Default: the public feature range STORE records "
-                   "(`kahm-dask ingest --bounds`), else each feature's min/max (private: warns, and the privacy "
-                   "statement says so).")
-@click.option("--d", "d", type=_param_type("d"), default=None,
-              help="Adjacency bound (largest change of one entry covered), in STORE's units. Default: the bound width.")
-@click.option("--dp-data", type=_param_type("dp_data"), default="fabricated", show_default=True)
-@click.option("--r-source", type=_param_type("r_source"), default="passes", show_default=True,
-              help="Stopping rule of the fabrication; 'private' (the paper's r from the private rows) leaks.")
-@click.option("--r-value", type=_param_type("r_value"),
-              help=f"Number of passes (passes; default {DEFAULT_PASSES}) or per-row threshold (threshold).")
-@click.option("--cluster-on", type=_param_type("cluster_on"), default="noisy", show_default=True,
-              help="Rows the k-means partition runs on; 'original' (the private rows) leaks.")
-@click.option("--budget", type=float, nargs=2, metavar="EPS DELTA", default=None,
-              help="Cap of STORE's privacy ledger: lowers its budget (never raises it); a release beyond it is "
-                   "refused before any noise is drawn.")
-@click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
-              help=f"Ledger directory (default: ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers).")
-@click.option("--seed", type=_param_type("random_state"), default=None,
-              help="Seed of the k-means steps (not secret: the noise never depends on it). "
-                   "Default: drawn once and kept in the work store.")
+@_parameter_options
 @_storage_options
 @_cluster_options
-def train(store, model, work, n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data,
-          r_source, r_value, cluster_on, budget, ledger_dir, seed, storage_options, scheduler, cluster_config,
-          n_workers, memory_limit, dashboard_address) -> None:
+def train(store, model, work, storage_options, scheduler, cluster_config, n_workers, memory_limit,
+          dashboard_address, **options) -> None:
     """Train a model store MODEL from the dataset STORE: DP release, partition, one task per cluster.
     STORE, MODEL and --work may be paths or URLs (s3://…, with --storage-options).
 
@@ -402,7 +446,6 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     """
     from kahm_dask._validation import check_class_sizes
     from kahm_dask.pipeline.cluster.progress import ConsoleProgress
-    from kahm_dask.pipeline.config import ModelConfig, PrivacyConfig
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
     from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.pipeline.training import STAGED_MODEL, check_training_targets
@@ -417,33 +460,24 @@ def train(store, model, work, n_components, n_layers, block_size, epsilon, delta
     staged = as_location(work, storage_options) / STAGED_MODEL
     try:
         with _interruptible("training", resume_from=staged):
-            if r_value is not None and r_value.is_integer():
-                r_value = int(r_value)  # a whole number on the command line: also a number of passes
-            # validate every argument and every output path before a cluster starts or noise is drawn
-            ModelConfig(n_components=n_components, n_layers=n_layers, block_size=block_size)
-            privacy = PrivacyConfig(epsilon=epsilon, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
-                                    r_value=r_value, cluster_on=cluster_on,
-                                    budget=None if budget is None else list(budget))
+            params = _estimator_params(options)
             ds = open_dataset(store, storage_options=storage_options)
             check_class_sizes(ds.class_counts)
-            if bounds is not None:
+            if params["bounds"] is not None:
                 from kahm_dask.privacy.bounds import public_bounds
 
-                bounds = public_bounds(bounds, ds.n_features)
-            if n_components > ds.n_features:
-                click.echo(f"Warning: --n-components {n_components} exceeds the {ds.n_features} "
+                params["bounds"] = public_bounds(params["bounds"], ds.n_features)
+            estimator = DaskKAHMClassifier(**params)
+            budget = params["budget"]
+            _check_as_options(estimator, budget)
+            if params["n_components"] > ds.n_features:
+                click.echo(f"Warning: --n-components {params['n_components']} exceeds the {ds.n_features} "
                            f"features of {store}; every KAHM subspace is capped at {ds.n_features} "
                            "dimensions (docs/algorithm.md#kahm-guards).", err=True)
-            estimator = DaskKAHMClassifier(
-                n_components, n_layers, block_size, seed, epsilon=epsilon, delta=delta, bounds=bounds, d=d,
-                dp_data=dp_data, r_source=r_source, r_value=privacy.r_value, cluster_on=cluster_on,
-                ledger="auto" if ledger_dir is None else str(ledger_dir),
-            )
-            estimator.train_settings(budget=budget)  # every check, before a cluster starts
             model_at, work_at = as_location(model, storage_options), as_location(work, storage_options)
             check_training_targets(model_at, work_at)
             statement_at = model_at.with_name(model_at.name + ".PRIVACY.md")
-            if epsilon is not None and statement_at.is_local and statement_at.path.is_dir():
+            if params["epsilon"] is not None and statement_at.is_local and statement_at.path.is_dir():
                 raise FileExistsError(f"{statement_at} is a folder; the privacy statement cannot be written there.")
             progress = ConsoleProgress()
             with _connect(_cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,

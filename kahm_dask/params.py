@@ -33,6 +33,10 @@ __all__ = [
     "Choices",
     "Param",
     "PARAMS",
+    "CLASSIFIER_PARAMS",
+    "PARTITION_PARAMS",
+    "NOT_STORED_PARAMS",
+    "defaults",
     "RValueRule",
     "R_VALUE_RULES",
     "RuleError",
@@ -84,11 +88,13 @@ class Choices(StrOptions):
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter: ``rule``, the constraints of which a valid value satisfies one, and
-    ``meaning``."""
+    """One parameter: ``rule``, the constraints of which a valid value satisfies one,
+    ``meaning``, and ``default``, its value when not given (the estimators' signatures and the
+    pipeline file's keys are checked against it)."""
 
     rule: tuple[Any, ...]
     meaning: str
+    default: Any = None
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -112,119 +118,150 @@ def _at_least(low: int) -> Range:
 
 
 PARAMS: dict[str, Param] = {
-    "n_components": Param((_at_least(1),), "subspace dimension n of every KAHM (docs/algorithm.md#kahm-guards)"),
-    "n_layers": Param((_at_least(1),), "layers L of each deep KAHM (docs/algorithm.md#layer-dimensions)"),
+    "n_components": Param(
+        (_at_least(1),), "subspace dimension n of every KAHM (docs/algorithm.md#kahm-guards)", default=20
+    ),
+    "n_layers": Param((_at_least(1),), "layers L of each deep KAHM (docs/algorithm.md#layer-dimensions)", default=1),
     "block_size": Param(
-        (_at_least(1),), "N_b: a class of N_c rows gets about N_c / N_b branches (docs/algorithm.md#s-rule)"
+        (_at_least(1),), "N_b: a class of N_c rows gets about N_c / N_b branches (docs/algorithm.md#s-rule)",
+        default=1000,
     ),
     "s_rule": Param(
-        (Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)"
+        (Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)",
+        default="round",
     ),
     "chunk_size": Param(
-        (_at_least(1),), "rows per block when a KAHM is evaluated (docs/algorithm.md#batched-evaluation)"
+        (_at_least(1),), "rows per block when a KAHM is evaluated (docs/algorithm.md#batched-evaluation)",
+        default=1000,
     ),
     "n_init": Param(
-        (_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)"
+        (_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)",
+        default=1,
     ),
     "kmeans_dims": Param(
         (None, _at_least(1)),
         "principal coordinates every k-means runs in; None: all features (docs/algorithm.md#kmeans-space)",
+        default=50,
     ),
     "n_probe": Param(
         (None, _at_least(1)),
         "branches per class evaluated for a query, those with the nearest centres; None: all "
         "(docs/algorithm.md#routing)",
+        default=None,
     ),
     "eval_dtype": Param(
         (Choices("float64", "float32"),),
-        "precision of the kernel block and its GEMM when queries are evaluated: float64 (the default, as "
-        "before) or float32, faster, distances within ~1e-5 relative (docs/algorithm.md#evaluation-precision)",
+        "precision of the kernel block and its GEMM when queries are evaluated: float64 (the default) or "
+        "float32, faster, distances within ~1e-5 relative (docs/algorithm.md#evaluation-precision)",
+        default="float64",
     ),
     "n_jobs": Param(
         (None, Range(Integral, 1, None, closed="left"), Range(Integral, None, -1, closed="right")),
         "threads of fit and predict, one BLAS thread each (joblib convention: None 1, -1 all cores, -2 all but one)",
+        default=None,
     ),
     "min_cluster_size": Param(
         (None, _at_least(1)),
         "smallest k-means part; None: max(30, n + 2) (docs/algorithm.md#decision-min-cluster-size)",
+        default=None,
     ),
     "oversampling_factor": Param(
         (None, Range(Real, 0, None, closed="neither")),
         "k-means|| candidates drawn per round for a class too large for one task; None: 2·S "
         "(docs/algorithm.md#kmeans-partition)",
+        default=None,
     ),
-    "init_max_iter": Param((_at_least(1),), "k-means|| initialisation rounds of a class too large for one task"),
-    "kmeans_max_iter": Param((_at_least(1),), "Lloyd iterations of every k-means partition"),
+    "init_max_iter": Param(
+        (_at_least(1),), "k-means|| initialisation rounds of a class too large for one task", default=5
+    ),
+    "kmeans_max_iter": Param((_at_least(1),), "Lloyd iterations of every k-means partition", default=100),
     "max_cluster_rows": Param(
         (None, _at_least(2)),
         "rows above which a cluster is split further, bounding every training task's memory; None: no cap",
+        default=None,
     ),
     "persist_fraction": Param(
         (Range(Real, 0, 1, closed="left"),),
         "a class too large for one task is held in worker memory during its k-means when its rows take at "
         "most this share of the workers' total memory; 0: always re-read from Zarr",
+        default=0.25,
     ),
     "min_range": Param(
         (None, Range(Real, 0, None, closed="left")),
         "code range below which a KAHM direction is dropped; None or 0: no such rule (docs/algorithm.md#kahm-guards)",
+        default=1e-3,
     ),
     "random_state": Param(
         (None, Range(Integral, 0, None, closed="left"), np.random.SeedSequence, np.random.Generator),
         "seeds the k-means steps only, never the DP noise (docs/algorithm.md#seed-streams)",
+        default=None,
     ),
     "epsilon": Param(
         (None, Range(Real, MIN_EPSILON, None, closed="left", text=f"> 0 (at least {MIN_EPSILON:.2g})")),
         "ε of the element-level DP release; None: the non-private model (docs/algorithm.md#adjacency)",
+        default=None,
     ),
     "delta": Param(
         (Range(Real, 0, 1, closed="left"),),
         "δ: probability that an entry is released without noise; 0: pure ε-DP (docs/algorithm.md#decision-delta-zero)",
+        default=0.0,
     ),
     "d": Param(
         (None, Range(Real, 0, None, closed="neither"), "array-like"),
         "adjacency bound, the largest change of one entry covered (per feature or one for all); "
         "None: the bound width (docs/algorithm.md#adjacency)",
+        default=None,
     ),
     "bounds": Param(
         (None, "array-like"),
         "public (lower, upper) feature bounds the rows are clipped to; None: the data's min/max, "
         "which leaks (docs/algorithm.md#decision-public-bounds)",
+        default=None,
     ),
     "dp_data": Param(
         (Choices("fabricated", "noisy"),),
         "rows the DP class models are fitted to: fabricated from the noisy rows, or the noisy rows "
         "(docs/algorithm.md#dp-classifier)",
+        default="fabricated",
     ),
     "r_source": Param(
         (Choices("passes", "threshold", "private"),),
         "stopping rule of the fabrication; 'private' (r from the private rows) leaks "
         "(docs/algorithm.md#stopping-rule)",
+        default="passes",
     ),
     "r_value": Param(
         (None, Range(Real, 0, None, closed="left")),
-        "the stopping rule's number; what it must be depends on r_source (R_VALUE_RULES)",
+        "the stopping rule's number: smoother passes for r_source 'passes' (None: 8), the public per-row "
+        "error for 'threshold', none for 'private' (docs/algorithm.md#stopping-rule)",
+        default=None,
     ),
     "cluster_on": Param(
         (Choices("noisy", "original"),),
         "rows the fabrication's k-means partition runs on; 'original' (the private rows) leaks "
         "(docs/algorithm.md#big-data-fabrication)",
+        default="noisy",
     ),
     "max_passes": Param(
-        (_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)"
+        (_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)",
+        default=100,
     ),
     "ledger": Param(
         (None, str, os.PathLike, HasMethods(["spend", "remaining"])),
         "privacy ledger of the data set: 'auto' (its ledger in the default ledger directory), a ledger "
         "directory, a PrivacyLedger, or None (no accounting: warns) (docs/privacy.md#ledger)",
+        default="auto",
     ),
     "budget": Param(
         (None, "array-like"),
         "(ε, δ) cap of the data set's ledger: lowers a stored budget, never raises it; None: the stored one "
         "(docs/privacy.md#ledger)",
+        default=None,
     ),
     "insecure_noise_seed": Param(
         (None, Range(Integral, 0, None, closed="left")),
         "tests only: draws the noise from this seed, which voids the DP guarantee",
+        default=None,
     ),
 }
 
@@ -244,6 +281,29 @@ class RValueRule:
             return f"r_source {r_source!r} {self.meaning}; remove r_value or set r_source to {others}"
         absent = " or no r_value (the default)" if self.optional else ""
         return f"r_source {r_source!r} needs {self.values} ({self.meaning}){absent}"
+
+
+#: The parameters of :class:`~kahm_dask.KAHMClassifier`, in signature order.
+CLASSIFIER_PARAMS: tuple[str, ...] = (
+    "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d", "dp_data",
+    "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range", "chunk_size", "n_init",
+    "kmeans_dims", "n_probe", "eval_dtype", "n_jobs", "ledger", "budget", "insecure_noise_seed",
+)
+#: The partition parameters of the out-of-core k-means, which only the Dask pipeline has: with
+#: :data:`CLASSIFIER_PARAMS`, the parameters :class:`~kahm_dask.DaskKAHMClassifier` shares with
+#: every face (pipeline file, ``kahm-dask train``, the model store's manifest).
+PARTITION_PARAMS: tuple[str, ...] = (
+    "min_cluster_size", "oversampling_factor", "init_max_iter", "kmeans_max_iter", "max_cluster_rows",
+    "persist_fraction",
+)
+#: Not written to a model store: where the fit ran and test-only settings (``ledger``, ``budget``:
+#: the owner's accounting; ``insecure_noise_seed``: a test's noise; ``n_jobs``: this machine's threads).
+NOT_STORED_PARAMS: tuple[str, ...] = ("ledger", "budget", "insecure_noise_seed", "n_jobs")
+
+
+def defaults(*names: str) -> dict[str, Any]:
+    """The default value of each parameter of ``names``."""
+    return {name: PARAMS[name].default for name in names}
 
 
 #: ``r_value`` by ``r_source`` (docs/algorithm.md#stopping-rule).

@@ -95,7 +95,7 @@ def partition_with_min_size(
 
 
 #: Principal coordinates the k-means runs in by default (docs/algorithm.md#kmeans-space).
-KMEANS_DIMS = 50
+KMEANS_DIMS = PARAMS["kmeans_dims"].default
 
 
 def kmeans_space(Y: np.ndarray, n_dims: int | None = KMEANS_DIMS) -> np.ndarray:

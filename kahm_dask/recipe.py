@@ -54,6 +54,7 @@ class TrainParams:
     dp_data : "fabricated" or "noisy"
     r_source, r_value, max_passes : the fabrication's stopping rule
         (:func:`~kahm_dask.privacy.fabrication.fabricate_subset`)
+    chunk_size : the fitted DeepKAHM's evaluation chunk (memory only)
 
     Examples
     --------
@@ -72,6 +73,7 @@ class TrainParams:
     r_source: str = "passes"
     r_value: float | int | None = None
     max_passes: int = 100
+    chunk_size: int = 1000
 
     @property
     def private(self) -> bool:
@@ -91,15 +93,12 @@ class TrainParams:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def fit_cluster(
-        self, rows: np.ndarray, private_rows: np.ndarray | None = None, *, chunk_size: int = 1000
-    ) -> ClusterFit:
+    def fit_cluster(self, rows: np.ndarray, private_rows: np.ndarray | None = None) -> ClusterFit:
         """Apply the recipe to one cluster.
 
         rows : (N_s, p) the cluster's noisy rows ``Y⁺_s`` when private, else its original rows.
         private_rows : (N_s, p) its original rows, aligned with ``rows``; read only when
             :attr:`reads_private_rows` (pass None otherwise, so they need not be loaded).
-        chunk_size : the fitted DeepKAHM's evaluation chunk (memory only).
         """
         dp_rows, n_passes = (rows if self.private else None), None
         if self.fabricates:
@@ -113,5 +112,5 @@ class TrainParams:
                 min_range=self.min_range,
             )
             dp_rows, n_passes = result.data, result.n_passes
-        model = DeepKAHM(self.n_components, self.n_layers, min_range=self.min_range, chunk_size=chunk_size)
+        model = DeepKAHM(self.n_components, self.n_layers, min_range=self.min_range, chunk_size=self.chunk_size)
         return ClusterFit(model.fit(rows if dp_rows is None else dp_rows), dp_rows, n_passes)

@@ -27,6 +27,7 @@ from kahm_dask.cli import main
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
+from kahm_dask.pipeline.estimator.stores import params_from_manifest, stored_params
 from kahm_dask.pipeline.predict import DISTANCES, class_distance_array
 from kahm_dask.pipeline.stores.dataset import write_dataset
 
@@ -236,7 +237,7 @@ def client():
 def stored(classifiers, tmp_path_factory):
     """The L = 1 classifier as a model store, and the estimator on it."""
     path = tmp_path_factory.mktemp("eval-dtype") / "model.zarr"
-    return path, DaskKAHMClassifier.from_classifier(classifiers[1], path)
+    return path, DaskKAHMClassifier.from_local(classifiers[1], path)
 
 
 def test_dask_classifier_float32_predicts_as_kahm_classifier(client, classifiers, stored, digits):
@@ -259,8 +260,9 @@ def test_pipeline_file_and_old_manifests(stored):
     assert cfg.model.eval_dtype == "float32"
     assert DaskKAHMClassifier.from_config(cfg).eval_dtype == "float32"
     path, est = stored
-    manifest = {ESTIMATOR_PARAMS_KEY: {k: v for k, v in est._stored_params().items() if k != "eval_dtype"}}
-    assert DaskKAHMClassifier(**DaskKAHMClassifier._params_from_manifest(manifest)).eval_dtype == "float64"
+    stored = {k: v for k, v in stored_params(est.get_params(deep=False)).items() if k != "eval_dtype"}
+    manifest = {ESTIMATOR_PARAMS_KEY: stored}  # a manifest written before eval_dtype existed
+    assert DaskKAHMClassifier(**params_from_manifest(manifest)).eval_dtype == "float64"
 
 
 def test_cli_predict_eval_dtype(stored, classifiers, digits, tmp_path, monkeypatch):

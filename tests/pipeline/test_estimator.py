@@ -83,7 +83,7 @@ def test_dp_on_digits_matches_kahm_classifier_with_the_same_noise(client, digits
     _assert_same_model(est, clf, digits.X_test)
     # both releases are in the one ledger of these rows, whichever estimator made them
     assert [e["what"][:11] for e in ledger_of(digits.X_train).entries] == ["noisy rows ", "KAHMClassif"]
-    back = est.to_classifier()  # the stored fabricated rows, cluster by cluster
+    back = est.to_local()  # the stored fabricated rows, cluster by cluster
     for label in clf.classes_:
         np.testing.assert_allclose(back.dp_data_[label], clf.dp_data_[label], rtol=1e-10, atol=1e-12)
 
@@ -121,10 +121,10 @@ def test_save_load_and_pickle(fitted, digits, tmp_path):
 
 
 def test_to_and_from_kahm_classifier(fitted, digits, tmp_path):
-    clf = fitted.to_classifier()
+    clf = fitted.to_local()
     assert isinstance(clf, KAHMClassifier) and clf.n_branches_.sum() == fitted.n_clusters_
     _assert_same_model(fitted, clf, digits.X_test)
-    back = DaskKAHMClassifier.from_classifier(clf, tmp_path / "from_clf.zarr")
+    back = DaskKAHMClassifier.from_local(clf, tmp_path / "from_clf.zarr")
     np.testing.assert_array_equal(back.predict(digits.X_test), clf.predict(digits.X_test))
     assert back.n_clusters_ == fitted.n_clusters_ and back.random_state == SEED
 

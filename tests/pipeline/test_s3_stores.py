@@ -133,7 +133,7 @@ def test_store_dir_on_s3_fits_predicts_saves_and_loads(s3, iris, remote_fit, tmp
     expected = DaskKAHMClassifier(**DP, store_dir=tmp_path / "local").fit(iris.X_train, iris.y_train)
     predicted = est.predict(iris.X_test)
     np.testing.assert_array_equal(predicted, expected.predict(iris.X_test))
-    np.testing.assert_array_equal(est.to_classifier().predict(iris.X_test), predicted)
+    np.testing.assert_array_equal(est.to_local().predict(iris.X_test), predicted)
 
     saved = est.save(_url("saved.zarr"))
     loaded = DaskKAHMClassifier.load(saved, storage_options=s3)

@@ -11,6 +11,7 @@ TLS, TLS with tcp://).
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ from kahm_dask.pipeline.cluster import (
     connect_address,
     load_cluster_config,
 )
-from kahm_dask.pipeline.cluster.security import as_security, to_security
+from kahm_dask.pipeline.cluster.security import to_security
 from kahm_dask.pipeline.config import ClusterConfig, ConfigError, load_config
 from kahm_dask.pipeline.config.sections import ClusterTLSConfig, TLSConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
@@ -150,34 +151,41 @@ def _assert_same_model(est: DaskKAHMClassifier, clf: KAHMClassifier, X: np.ndarr
 
 
 def test_estimator_fits_over_mutual_tls_like_kahm_classifier(tls_cluster, certs, digits, reference, tmp_path):
-    est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, store_dir=tmp_path,
-                             scheduler=tls_cluster, security=certs.tls("client"))
-    est.fit(digits.X_train, digits.y_train)
-    assert est.score(digits.X_test, digits.y_test) >= 0.99
-    _assert_same_model(est, reference, digits.X_test)
-    lazy = est.predict(da.from_array(digits.X_test, chunks=(300, -1)))  # stays lazy: the caller computes it
-    assert isinstance(lazy, da.Array)
-    with Client(tls_cluster, security=_client_security(certs), timeout=10):
+    """The cluster is a client (xgboost.dask's and LightGBM's habit): one mutual-TLS connection,
+    made by the user, used by fit and predict; nothing about it is stored or pickled."""
+    with Client(tls_cluster, security=_client_security(certs), timeout=10) as client:
+        est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, store_dir=tmp_path)
+        est.client = client
+        est.fit(digits.X_train, digits.y_train)
+        assert est.score(digits.X_test, digits.y_test) >= 0.99
+        _assert_same_model(est, reference, digits.X_test)
+        lazy = est.predict(da.from_array(digits.X_test, chunks=(300, -1), name=False))  # the caller computes it
+        assert isinstance(lazy, da.Array)
         np.testing.assert_array_equal(lazy.compute(), reference.predict(digits.X_test))
+        copy = pickle.loads(pickle.dumps(est))  # the client is not pickled: the copy uses the current one
+        assert "_client" not in copy.__dict__ and copy.client is client
+        np.testing.assert_array_equal(copy.predict(digits.X_test), reference.predict(digits.X_test))
     manifest = read_manifest(est.model_path_)  # where the fit ran, and the key's path, are not stored
-    assert not {"scheduler", "security", "store_dir"} & set(manifest[ESTIMATOR_PARAMS_KEY])
+    assert not {"client", "store_dir", "storage_options"} & set(manifest[ESTIMATOR_PARAMS_KEY])
     assert str(certs.pairs["client"].key) not in json.dumps(manifest)
-    assert clone(est).get_params()["security"] == certs.tls("client")
+    assert "client" not in clone(est).get_params()
 
 
 def test_estimator_fits_over_plain_tcp_like_kahm_classifier(tcp_cluster, digits, reference, tmp_path):
-    est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, store_dir=tmp_path, scheduler=tcp_cluster)
-    est.fit(digits.X_train, digits.y_train)
-    assert est.score(digits.X_test, digits.y_test) >= 0.99
-    _assert_same_model(est, reference, digits.X_test)
+    with Client(tcp_cluster, timeout=10):  # the current client
+        est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, store_dir=tmp_path)
+        est.fit(digits.X_train, digits.y_train)
+        assert est.score(digits.X_test, digits.y_test) >= 0.99
+        _assert_same_model(est, reference, digits.X_test)
 
 
 def test_dp_fit_over_mutual_tls(tls_cluster, certs, digits, tmp_path):
-    est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, epsilon=2.0, bounds=(0, 1),
-                             store_dir=tmp_path, scheduler=tls_cluster, security=_client_security(certs))
-    est.fit(digits.X_train, digits.y_train)
-    assert est.privacy_statement_.mechanism["epsilon"] == 2.0 and est.privacy_statement_.holds
-    assert est.score(digits.X_test, digits.y_test) >= 0.8  # fresh secure noise: typically about 0.93
+    with Client(tls_cluster, security=_client_security(certs), timeout=10):
+        est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, epsilon=2.0, bounds=(0, 1),
+                                 store_dir=tmp_path)
+        est.fit(digits.X_train, digits.y_train)
+        assert est.privacy_statement_.mechanism["epsilon"] == 2.0 and est.privacy_statement_.holds
+        assert est.score(digits.X_test, digits.y_test) >= 0.8  # fresh secure noise: typically about 0.93
     assert ledger_of(digits.X_train).spent() == (2.0, 0.0)  # recorded in the rows' ledger
 
 
@@ -306,8 +314,6 @@ def test_security_of_the_tls_section(certs):
     assert (security.tls_ca_file, security.tls_client_cert, security.tls_client_key) == (
         str(certs.ca_file), str(certs.pairs["client"].cert), str(certs.pairs["client"].key))
     assert security.tls_scheduler_cert is None  # a client: it presents only the client certificate
-    assert as_security(certs.tls("client")).tls_client_cert == security.tls_client_cert
-    assert as_security(security) is security and as_security(None) is None
 
 
 def test_a_certificate_file_holding_its_key_needs_no_key(certs, tmp_path):
@@ -365,23 +371,6 @@ def test_pipeline_file_with_cluster_tls(certs, tmp_path):
     path.write_text("name: p\noutput: out\ndata: {source: 'sklearn:iris'}\ncluster: {scheduler: 'tls://h:1'}\n")
     with pytest.raises(ConfigError, match=f"missing 'cluster.tls'.* in {path}"):
         load_config(path)
-
-
-def test_estimator_checks_scheduler_and_security_before_any_work(certs, digits, tmp_path):
-    X, y = digits.X_train[:50], digits.y_train[:50]
-    cases = [
-        ({"scheduler": "tls://127.0.0.1:8786"}, ConfigError, "missing 'security' for the tls:// address 'scheduler'"),
-        ({"scheduler": "tcp://127.0.0.1:8786", "security": certs.tls("client")}, ConfigError,
-         "'security' is given but 'scheduler' is not a tls:// address"),
-        ({"security": certs.tls("client")}, ValueError, "security is given but scheduler is None"),
-        ({"scheduler": "127.0.0.1:8786"}, ConfigError, "'scheduler'.*with protocol"),
-        ({"scheduler": "tls://127.0.0.1:8786", "security": {**certs.tls("client"), "ca_file": "nope.pem"}},
-         ConfigError, "'tls.ca_file' in the security parameter: no such file"),
-    ]
-    for params, error, message in cases:
-        with pytest.raises(error, match=message):
-            DaskKAHMClassifier(store_dir=tmp_path, **params).fit(X, y)
-    assert not any(tmp_path.iterdir())
 
 
 def test_connect_address_checks_the_security(certs):

@@ -351,7 +351,8 @@ CLI_TRAIN = {
     "delta > 1": (["--epsilon", "1", "--delta", "1.5"], r"'--delta': 1.5 is not in the range 0<=x<1"),
     "delta < 0": (["--epsilon", "1", "--delta=-0.1"], r"'--delta': -0.1 is not in the range 0<=x<1"),
     "bounds upper <= lower": (["--epsilon", "1", "--bounds", "1", "0"], r"upper must exceed lower"),
-    "budget epsilon = 0": (["--epsilon", "1", "--budget", "0", "0"], r"'privacy.budget'.*epsilon > 0"),
+    "budget epsilon = 0": (["--epsilon", "1", "--budget", "0", "0"],
+                           r"'--budget': must be \(ε, δ\) with ε finite and > 0"),
     "d = 0": (["--epsilon", "1", "--d", "0"], r"'--d': 0.0 is not in the range x>0"),
     "n_components = 0": (["--n-components", "0"], r"'--n-components': 0 is not in the range x>=1"),
     "n_layers = 0": (["--n-layers", "0"], r"'--n-layers': 0 is not in the range x>=1"),
@@ -360,8 +361,8 @@ CLI_TRAIN = {
     "dp_data unknown": (["--epsilon", "1", "--dp-data", "raw"],
                         r"'--dp-data': 'raw' is not one of 'fabricated', 'noisy'"),
     "fractional passes": (["--epsilon", "1", "--r-source", "passes", "--r-value", "2.5"],
-                          r"'privacy.r_value'.*'passes' needs an int >= 1.*got 2.5"),
-    "r_value with private r": (["--epsilon", "1", "--r-source", "private", "--r-value", "0.5"], r"'privacy.r_value'"),
+                          r"'--r-value'.*'passes' needs an int >= 1.*Got 2.5"),
+    "r_value with private r": (["--epsilon", "1", "--r-source", "private", "--r-value", "0.5"], r"'--r-value'"),
 }
 
 
@@ -383,7 +384,7 @@ def test_cli_train_rejects_a_single_row_class(stores, no_cluster):
 
 def test_cli_train_warns_when_n_components_exceeds_features(stores, monkeypatch):
     monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
-    monkeypatch.setattr("kahm_dask.pipeline.estimator.DaskKAHMClassifier.fit_store",
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.DaskKAHMClassifier.fit_store",
                         lambda self, *a, **k: {"n_clusters": 2, "n_resumed": 0, "clusters": []})
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "20")
     assert result.exit_code == 0, result.output
@@ -401,7 +402,7 @@ def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeyp
         raise KilledWorker("train_cluster-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
 
     monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
-    monkeypatch.setattr("kahm_dask.pipeline.estimator.train_pipeline", die)  # the fit behind the CLI
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.train_pipeline", die)  # the fit behind the CLI
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3")
     assert result.exit_code == 1 and "Traceback" not in result.output and "KilledWorker" in result.output
     assert ("rerun the same command to resume" in result.output) == bool(finished)

@@ -207,7 +207,7 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
     # no r, no labels, no timing
     manifest = run_fingerprint(model)["manifest"]["kahm_dask_model"]
     assert all(set(entry) == {"class", "cluster", "n_rows"} for entry in manifest["clusters"])
-    assert manifest["cluster_on"] == "noisy" and manifest["seed"] == 9  # k-means only: public
+    assert manifest["parameters"]["cluster_on"] == "noisy" and manifest["seed"] == 9  # k-means only: public
     for d in (model / "clusters").iterdir():
         assert set(os.listdir(d)) <= {"zarr.json", "_COMPLETE.json", "fabricated"} | {f"layer{k}" for k in range(2)}
         info = json.loads((d / "_COMPLETE.json").read_text())

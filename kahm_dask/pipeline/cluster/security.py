@@ -27,16 +27,14 @@ current working directory, as every path of the configs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kahm_dask.pipeline.config.schema import ConfigError
 from kahm_dask.pipeline.config.sections import ALL_ROLES, TLS_PROTOCOL, TLSConfig, check_address
 
 if TYPE_CHECKING:  # imported where used: loading a config does not import distributed
     from distributed.security import Security
 
-__all__ = ["TLS_PROTOCOL", "ALL_ROLES", "check_address", "to_security", "as_security"]
+__all__ = ["TLS_PROTOCOL", "ALL_ROLES", "check_address", "to_security"]
 
 
 def to_security(tls: TLSConfig, roles: tuple[str, ...] = ("client",)) -> Security:
@@ -50,19 +48,3 @@ def to_security(tls: TLSConfig, roles: tuple[str, ...] = ("client",)) -> Securit
         files[f"tls_{role}_cert"] = str(tls.cert)
         files[f"tls_{role}_key"] = None if tls.key is None else str(tls.key)
     return Security(tls_ca_file=str(tls.ca_file), require_encryption=tls.require_encryption, **files)
-
-
-def as_security(value: Security | Mapping[str, Any] | None, name: str = "security") -> Security | None:
-    """A ``Security`` from a ``Security`` (unchanged), a mapping of the :class:`TLSConfig`
-    keys (validated; errors name ``name``), or None."""
-    from distributed.security import Security
-
-    if value is None or isinstance(value, Security):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a distributed.security.Security, a mapping of "
-                        f"ca_file, cert, key and require_encryption, or None; got {type(value).__name__}.")
-    try:
-        return to_security(TLSConfig.from_mapping(value))
-    except ConfigError as exc:
-        raise exc.located(f"the {name} parameter") from None

@@ -46,6 +46,7 @@ __all__ = [
     "invalid_value",
     "bound",
     "rule",
+    "param",
     "within",
     "set_dotted",
     "load_yaml",
@@ -208,6 +209,14 @@ def within(values: Range) -> dict:
 def bound(*, gt: float | None = None, ge: float | None = None, lt: float | None = None) -> dict:
     """Field metadata: a non-null value must be ``> gt`` (or ``>= ge``) and ``< lt`` (if given)."""
     return within(Range(Real, gt if ge is None else ge, lt, closed="neither" if ge is None else "left"))
+
+
+def param(name: str) -> Any:
+    """The dataclass field of the parameter ``name`` of :data:`kahm_dask.params.PARAMS`: its default
+    and its rule from the table, and its name, so that the section maps onto the estimators'
+    parameters (:func:`kahm_dask.pipeline.config.sections.estimator_params`)."""
+    checks = rule(name) if PARAMS[name].range is not None else {}  # choices: the field's Literal type checks them
+    return dataclasses.field(default=PARAMS[name].default, metadata={**checks, "param": name})
 
 
 def rule(name: str) -> dict:

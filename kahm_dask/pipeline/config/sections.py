@@ -14,6 +14,7 @@ relative to the working directory, so a pipeline file can name a cluster config 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import ssl
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from kahm_dask.params import PARAMS, RuleError, check_r_value
-from kahm_dask.partition import KMEANS_DIMS
 from kahm_dask.pipeline.config.schema import (
     ADDRESS,
     DASHBOARD,
@@ -34,7 +34,7 @@ from kahm_dask.pipeline.config.schema import (
     bound,
     invalid_value,
     load_yaml,
-    rule,
+    param,
     set_dotted,
 )
 
@@ -56,6 +56,7 @@ __all__ = [
     "ReportConfig",
     "ClusterConfig",
     "load_config",
+    "estimator_params",
     "FederationConfig",
     "FederatedPipelineConfig",
     "load_federated_config",
@@ -274,15 +275,15 @@ class ModelConfig(Section):
     (``eval_dtype``: float64 or float32 kernel blocks, docs/algorithm.md#evaluation-precision)."""
 
     _key: ClassVar[str] = "model"
-    n_components: int = field(default=20, metadata=rule("n_components"))
-    n_layers: int = field(default=1, metadata=rule("n_layers"))
-    block_size: int = field(default=1000, metadata=rule("block_size"))
-    s_rule: SRule = "round"
-    min_cluster_size: int | None = field(default=None, metadata=rule("min_cluster_size"))
-    n_init: int = field(default=1, metadata=rule("n_init"))
-    kmeans_dims: int | None = field(default=KMEANS_DIMS, metadata=rule("kmeans_dims"))
-    n_probe: int | None = field(default=None, metadata=rule("n_probe"))
-    eval_dtype: EvalDtype = "float64"
+    n_components: int = param("n_components")
+    n_layers: int = param("n_layers")
+    block_size: int = param("block_size")
+    s_rule: SRule = param("s_rule")
+    min_cluster_size: int | None = param("min_cluster_size")
+    n_init: int = param("n_init")
+    kmeans_dims: int | None = param("kmeans_dims")
+    n_probe: int | None = param("n_probe")
+    eval_dtype: EvalDtype = param("eval_dtype")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,15 +306,15 @@ class PrivacyConfig(Section):
     """
 
     _key: ClassVar[str] = "privacy"
-    epsilon: float | None = field(default=None, metadata=rule("epsilon"))
-    delta: float = field(default=0.0, metadata=rule("delta"))
-    d: float | None = field(default=None, metadata=rule("d"))
-    dp_data: DpData = "fabricated"
-    r_source: RSource = "passes"
-    r_value: int | float | None = field(default=None, metadata=rule("r_value"))
-    cluster_on: ClusterOn = "noisy"
-    max_passes: int = field(default=100, metadata=rule("max_passes"))
-    budget: list | None = field(default=None, metadata={"check": lambda v, k: _check_budget(v, k)})
+    epsilon: float | None = param("epsilon")
+    delta: float = param("delta")
+    d: float | None = param("d")
+    dp_data: DpData = param("dp_data")
+    r_source: RSource = param("r_source")
+    r_value: int | float | None = param("r_value")
+    cluster_on: ClusterOn = param("cluster_on")
+    max_passes: int = param("max_passes")
+    budget: list | None = field(default=None, metadata={"check": lambda v, k: _check_budget(v, k), "param": "budget"})
     ledger_dir: Path | None = None
 
     def _validate(self) -> None:
@@ -343,11 +344,11 @@ class PartitionConfig(Section):
     task's memory (a fabrication task holds about 3 copies of its rows plus a KAHM fit)."""
 
     _key: ClassVar[str] = "partition"
-    oversampling_factor: float | None = field(default=None, metadata=rule("oversampling_factor"))
-    init_max_iter: int = field(default=5, metadata=rule("init_max_iter"))
-    max_iter: int = field(default=100, metadata=rule("kmeans_max_iter"))
-    persist_fraction: float = field(default=0.25, metadata=rule("persist_fraction"))
-    max_cluster_rows: int | None = field(default=None, metadata=rule("max_cluster_rows"))
+    oversampling_factor: float | None = param("oversampling_factor")
+    init_max_iter: int = param("init_max_iter")
+    max_iter: int = param("kmeans_max_iter")
+    persist_fraction: float = param("persist_fraction")
+    max_cluster_rows: int | None = param("max_cluster_rows")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -420,7 +421,7 @@ class PipelineConfig(Section):
     the sections."""
 
     name: str
-    seed: int | None = field(default=None, metadata=rule("random_state"))
+    seed: int | None = param("random_state")
     output: Path
     data: DataConfig
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -541,3 +542,21 @@ def load_federated_config(path: str | Path) -> FederatedPipelineConfig:
     return FederatedPipelineConfig.from_dict(
         load_yaml(path), base_dir=Path(path).absolute().parent, origin=str(path)
     )
+
+
+# --------------------------------------------------------------------------- the estimator's parameters
+
+
+def estimator_params(cfg: PipelineConfig) -> dict[str, Any]:
+    """The estimator parameters a pipeline file sets: every field of its ``model``, ``privacy``
+    and ``partition`` sections and its ``seed`` that declares a parameter (:func:`param`; the field
+    names the parameter where the YAML key differs, e.g. ``partition.max_iter`` is
+    ``kmeans_max_iter``), and the ledger of ``privacy.ledger_dir``. The one translation of a pipeline
+    file into parameters (``kahm-dask run`` and the federated run)."""
+    ledger = "auto" if cfg.privacy.ledger_dir is None else str(cfg.privacy.ledger_dir)
+    params = {"random_state": cfg.seed, "ledger": ledger}
+    for section in (cfg.model, cfg.privacy, cfg.partition):
+        for f in dataclasses.fields(section):
+            if "param" in f.metadata:
+                params[f.metadata["param"]] = getattr(section, f.name)
+    return params

@@ -61,6 +61,7 @@ __all__ = [
     "read_manifest",
     "mark_model_complete",
     "build_manifest",
+    "jsonable",
     "versions",
 ]
 
@@ -276,29 +277,38 @@ def read_manifest(model_path: LocationLike, *, storage_options: Options = None) 
     return attrs[MANIFEST_KEY]
 
 
-def build_manifest(store, params, settings, seed, privacy, table, extra: dict) -> dict:
-    """The manifest of a model store trained from the dataset ``store``: the class labels, the
-    recipe ``params``, the run ``settings`` that shape the model, the public k-means ``seed``, the
-    release (id and statement; None when not private), the (class, cluster, start, stop)
-    ``table`` and the library versions, with ``extra`` keys (the estimator's parameters)."""
+def build_manifest(
+    classes: list, n_features: int, parameters: dict, privacy: dict | None, clusters: list[dict], extra: dict
+) -> dict:
+    """The manifest of a model store: the class labels (position = code), the number of features,
+    the ``parameters`` that made the model (names of :data:`kahm_dask.params.PARAMS`; their
+    ``random_state`` is the k-means seed used, public: the noise never depends on it), the release
+    (``privacy``: its id and statement; None when not private), the ``clusters`` (class, cluster,
+    n_rows), the library versions and ``extra`` keys (the estimator's own parameters)."""
     return {
-        "format_version": 1,
+        "format_version": 2,
         "kahm_dask_version": __version__,
-        "classes": list(store.classes),
-        "n_features": store.n_features,
-        "params": params.to_dict(),
-        "seed": seed,  # k-means only; the noise never depends on it
+        "classes": list(classes),
+        "n_features": int(n_features),
+        "parameters": parameters,
+        "seed": parameters.get("random_state"),
         "seed_streams": {"partition": [PARTITION_STREAM]},
-        "block_size": settings.block_size,
-        "cluster_on": settings.cluster_on if params.private else None,
-        "privacy": None if privacy is None else {
-            "release_id": privacy["release_id"],
-            "statement": privacy["statement"],
-        },
-        "clusters": [{"class": c, "cluster": s, "n_rows": b - a} for c, s, a, b in table],
+        "privacy": privacy,
+        "clusters": clusters,
         "versions": versions(),
         **extra,
     }
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with NumPy arrays and scalars, tuples and mappings as JSON types."""
+    if isinstance(value, Mapping):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray | list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def versions() -> dict[str, str]:

@@ -3,9 +3,9 @@
 (:mod:`.partition`), the per-cluster task (:mod:`.tasks`), the work store (:mod:`.work`) and the
 graph that runs them (:mod:`.train`). The public names are re-exported here."""
 
-from kahm_dask.pipeline.training.train import train_pipeline
 from kahm_dask.pipeline.training.release import StoredNoiseError, noisy_array, release_bounds
 from kahm_dask.pipeline.training.settings import TrainSettings
+from kahm_dask.pipeline.training.train import train_pipeline
 from kahm_dask.pipeline.training.work import NOISY, SEED_FILE, STAGED_MODEL, check_training_targets
 
 __all__ = [

@@ -4,7 +4,8 @@ recipe :class:`~kahm_dask.recipe.TrainParams`; made from an estimator's paramete
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kahm_dask.partition import KMEANS_DIMS
@@ -47,10 +48,39 @@ class TrainSettings:
     init_max_iter: int = 5
     kmeans_max_iter: int = 100
     max_cluster_rows: int | None = None
-    kmeans_persist_fraction: float = 0.25
+    persist_fraction: float = 0.25
     ledger: Any = field(default=AUTO_LEDGER, compare=False)
     budget: tuple[float, float] | None = None
     insecure_noise_seed: int | None = None
+
+    #: Settings named otherwise in the parameter table (:data:`kahm_dask.params.PARAMS`).
+    RENAMED = {"seed": "random_state"}
+    #: Settings that are not parameters: where the bounds came from (the run finds it).
+    RUN_ONLY = ("params", "bounds_source")
+
+    @classmethod
+    def from_params(
+        cls, params: Mapping[str, Any], *, r_value: Any, bounds_source: str | None = None,
+        budget: tuple[float, float] | None = None,
+    ) -> TrainSettings:
+        """The settings of estimator parameters ``params`` (names of the parameter table, checked
+        before): the recipe's (:class:`TrainParams`, with ``r_value`` as ``r_source`` takes it) and
+        every run-level setting, each read by its name (:data:`RENAMED`)."""
+        recipe = TrainParams(**{f.name: params[f.name] for f in fields(TrainParams) if f.name != "r_value"},
+                             r_value=r_value)
+        own = {f.name: params[cls.RENAMED.get(f.name, f.name)] for f in fields(cls) if f.name not in cls.RUN_ONLY}
+        return cls(recipe, **{**own, "budget": params["budget"] if budget is None else budget},
+                   bounds_source=bounds_source)
+
+    def to_params(self) -> dict[str, Any]:
+        """The parameters these settings were made from (names of the parameter table), as a model
+        store's manifest records them (the owner's ``ledger`` and ``budget`` and the test-only
+        ``insecure_noise_seed`` left out)."""
+        out = {k: v for k, v in self.params.to_dict().items()}
+        for f in fields(self):
+            if f.name not in self.RUN_ONLY and f.name not in ("ledger", "budget", "insecure_noise_seed"):
+                out[self.RENAMED.get(f.name, f.name)] = getattr(self, f.name)
+        return out
 
     @property
     def needs_private_rows(self) -> bool:

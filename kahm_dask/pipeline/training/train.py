@@ -9,7 +9,7 @@ Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
    (:mod:`~kahm_dask.pipeline.training.layout`), so each class is one contiguous slice.
 3. Per-class k-means (``child(root, 1, c)`` of the public ``seed``) on the noisy rows (or, with
    ``cluster_on="original"``, which leaks, the private ones): in one task with the estimator's
-   own k-means when the class fits ``kmeans_persist_fraction`` of a worker's memory, else out
+   own k-means when the class fits ``persist_fraction`` of a worker's memory, else out
    of core (k-means|| centres, then dask-ml's Lloyd iterations), the class held in worker
    memory while it fits that fraction of the workers' memory
    (:func:`~kahm_dask.pipeline.training.partition.partition_classes`).
@@ -43,7 +43,7 @@ from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore
-from kahm_dask.pipeline.stores.model import build_manifest, write_manifest
+from kahm_dask.pipeline.stores.model import build_manifest, jsonable, write_manifest
 from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.training.partition import partition_classes
 from kahm_dask.pipeline.training.release import release_stage
@@ -188,7 +188,11 @@ def _train(
         infos = [{**cluster_info(model_path, c, s), "seconds": None, "resumed": True} for c, s, _, _ in table]
         progress.note(f"  train: all {len(table)} clusters already in {model_path}")
     else:
-        write_manifest(staged, build_manifest(store, params, settings, seed, privacy, table, extra))
+        release = None if privacy is None else {"release_id": privacy["release_id"], "statement": privacy["statement"]}
+        parameters = jsonable({**settings.to_params(), "random_state": seed})
+        clusters = [{"class": c, "cluster": s, "n_rows": b - a} for c, s, a, b in table]
+        write_manifest(staged, build_manifest(list(store.classes), store.n_features, parameters, release, clusters,
+                                              extra))
         if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
             client.run(_trim_memory)
         tasks = [
@@ -226,12 +230,12 @@ def _labels(partition, by_class, layout, params, settings, root, client, y) -> n
         seed=child_seed_sequence(root, PARTITION_STREAM),
         n_init=settings.n_init,
         kmeans_dims=settings.kmeans_dims,
-        task_bytes=_memory_share(settings.kmeans_persist_fraction, client, min),
+        task_bytes=_memory_share(settings.persist_fraction, client, min),
         oversampling_factor=settings.oversampling_factor,
         init_max_iter=settings.init_max_iter,
         max_iter=settings.kmeans_max_iter,
         max_cluster_rows=settings.max_cluster_rows,
-        persist_bytes=_memory_share(settings.kmeans_persist_fraction, client),
+        persist_bytes=_memory_share(settings.persist_fraction, client),
     )
     return labels
 

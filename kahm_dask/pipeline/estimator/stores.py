@@ -1,0 +1,74 @@
+"""The stores of a Dask estimator: the directory a fit writes (``store_dir``, or a temporary one
+owned by the estimator), the check before a model store is replaced, and the estimator's
+parameters as the model store's manifest records them."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from typing import Any
+
+from kahm_dask.params import NOT_STORED_PARAMS
+from kahm_dask.pipeline.stores.model import jsonable, read_manifest
+from kahm_dask.storage.location import Location, as_location
+
+__all__ = ["DATA", "WORK", "MODEL", "ESTIMATOR_PARAMS_KEY", "NOT_STORED", "store_root", "check_target",
+           "stored_params", "params_from_manifest"]
+
+#: Where a fit writes under ``store_dir``: the training rows, the pipeline's work store (private
+#: copies, noisy rows, the model while it is trained) and the model store.
+DATA, WORK, MODEL = "train.zarr", "work", "model.zarr"
+#: Manifest key of the estimator's public parameters, so that ``DaskKAHMClassifier.load``
+#: restores them.
+ESTIMATOR_PARAMS_KEY = "estimator_params"
+#: Not in the manifest: where the stores are and how they are reached (``storage_options`` may
+#: hold credentials), and the parameters of :data:`kahm_dask.params.NOT_STORED_PARAMS`.
+NOT_STORED = ("store_dir", "storage_options", *NOT_STORED_PARAMS)
+
+
+def store_root(estimator: Any) -> Location:
+    """``estimator.store_dir`` (a local directory, created, or a URL), or a new temporary directory
+    deleted with the estimator (the previous fit's temporary directory is deleted now)."""
+    previous = estimator.__dict__.pop("_owned_dir", None)
+    if previous is not None:
+        previous()
+    if estimator.store_dir is not None:
+        root = as_location(estimator.store_dir, estimator.storage_options)
+        if root.is_local:
+            root.path.mkdir(parents=True, exist_ok=True)
+        return root
+    root = tempfile.mkdtemp(prefix="kahm-dask-")
+    estimator._owned_dir = weakref.finalize(estimator, shutil.rmtree, root, ignore_errors=True)
+    return as_location(root)
+
+
+def check_target(path: Location) -> None:
+    """Raise unless ``path`` is free or holds a complete model store (which a write may replace)."""
+    if not path.exists():
+        return
+    try:
+        read_manifest(path)
+    except (FileNotFoundError, ValueError):
+        raise FileExistsError(
+            f"{path} exists and is not a kahm-dask model store; choose another path or delete it."
+        ) from None
+
+
+def stored_params(params: dict, seed: int | None = None) -> dict:
+    """The public parameters ``params`` as JSON for the manifest; ``random_state`` is the k-means
+    ``seed`` the fit used when given (a seed drawn by the fit, or kept by a resumed run, is
+    recorded, so the same store gives the same parameters however it was reached)."""
+    out = {k: jsonable(v) for k, v in params.items() if k not in NOT_STORED}
+    if seed is not None:
+        out["random_state"] = int(seed)
+    return out
+
+
+def params_from_manifest(manifest: dict) -> dict:
+    """The estimator parameters a model store's manifest records (its ``parameters``, written by
+    every training run, completed by the estimator's own keys where it wrote them)."""
+    params = {**manifest.get("parameters", {}), **manifest.get(ESTIMATOR_PARAMS_KEY, {})}
+    if params.get("bounds") is not None:
+        params["bounds"] = tuple(params["bounds"])
+    return params
