@@ -74,7 +74,7 @@ def run_dask(X, y, Xt, yt, n_workers: int, args) -> dict:
     from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
     from kahm_dask.pipeline.stores.dataset import write_dataset
-    from kahm_dask.pipeline.stores.model import read_manifest
+    from kahm_dask.pipeline.stores.manifest import read_manifest
     from kahm_dask.pipeline.training import TrainSettings, train_pipeline
     from kahm_dask.recipe import TrainParams
 

@@ -537,7 +537,7 @@ def predict(model, store, out, n_probe, eval_dtype, storage_options, scheduler, 
     from kahm_dask.pipeline.cluster.progress import ConsoleProgress
     from kahm_dask.pipeline.predict import check_prediction_target, predict_to_store
     from kahm_dask.pipeline.stores.dataset import open_dataset
-    from kahm_dask.pipeline.stores.model import read_manifest
+    from kahm_dask.pipeline.stores.manifest import read_manifest
     from kahm_dask.storage.location import as_location
 
     try:

@@ -22,7 +22,8 @@ from kahm_dask._validation import check_finite_rows
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
-from kahm_dask.pipeline.stores.model import cached_cluster, cluster_centre, cluster_location, read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
+from kahm_dask.pipeline.stores.model import cached_cluster, cluster_centre, cluster_location
 from kahm_dask.routing import routed_minimum
 from kahm_dask.storage.location import Location, LocationLike, as_location, committed_directory
 

@@ -143,7 +143,7 @@ def test_kmeans_in_principal_space_finds_separated_modes():
 def test_pipeline_routing_matches_the_estimator_rule(tmp_path):
     from kahm_dask.pipeline.predict import class_distance_array
     from kahm_dask.pipeline.stores.dataset import write_dataset
-    from kahm_dask.pipeline.stores.model import read_manifest
+    from kahm_dask.pipeline.stores.manifest import read_manifest
     from kahm_dask.pipeline.training import TrainSettings, train_pipeline
     from kahm_dask.recipe import TrainParams
 

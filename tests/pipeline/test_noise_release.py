@@ -22,7 +22,7 @@ import zarr
 
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from kahm_dask.pipeline.stores.model import read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.training import NOISY, StoredNoiseError, TrainSettings, noisy_array, train_pipeline
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC
 from kahm_dask.privacy.ledger import BudgetChangeError, BudgetExceededError

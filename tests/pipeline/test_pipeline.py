@@ -26,7 +26,8 @@ from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.partition import kmeans_partition
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, predict_to_store
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster, read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
+from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
@@ -173,7 +174,7 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
     # the console says where each folder is
     assert f"Public folder (may be published: DP model store, PRIVACY.md): {public}" in result.output
     assert f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}" in result.output
-    from kahm_dask.pipeline.stores.model import read_manifest
+    from kahm_dask.pipeline.stores.manifest import read_manifest
 
     manifest = read_manifest(public / "model.zarr")
     assert manifest["seed"] == report["seed"]

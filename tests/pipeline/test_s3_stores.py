@@ -26,7 +26,8 @@ from fsspec.registry import _registry as fsspec_registry
 from kahm_dask import DaskKAHMClassifier
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
-from kahm_dask.pipeline.stores.model import MANIFEST_KEY, cluster_done, read_manifest
+from kahm_dask.pipeline.stores.manifest import MANIFEST_KEY, read_manifest
+from kahm_dask.pipeline.stores.model import cluster_done
 from kahm_dask.storage.location import COMPLETE_FILE, as_location
 from tests._cluster import free_port
 from tests._ledgers import ledger_of

@@ -44,7 +44,7 @@ from kahm_dask.pipeline.config import ClusterConfig, ConfigError, load_config
 from kahm_dask.pipeline.config.sections import ClusterTLSConfig, TLSConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from kahm_dask.pipeline.stores.model import read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
 from tests._cluster import free_port, start_session, stop_sessions
 from tests._ledgers import ledger_of
 from tests._tls import Authority, make_authority

@@ -138,7 +138,7 @@ def complete_clusters(model_path: Path) -> int:
 def n_planned_clusters(model_path: Path) -> int | None:
     """Number of clusters the manifest lists (None before the manifest is written)."""
     try:
-        from kahm_dask.pipeline.stores.model import read_manifest
+        from kahm_dask.pipeline.stores.manifest import read_manifest
 
         return len(read_manifest(model_path)["clusters"])
     except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):

@@ -31,13 +31,7 @@ from kahm_dask.deep import DeepKAHM
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import is_complete, mark_complete, open_dataset, write_dataset
-from kahm_dask.pipeline.stores.model import (
-    cached_cluster,
-    cluster_dir,
-    cluster_done,
-    load_cluster,
-    save_cluster,
-)
+from kahm_dask.pipeline.stores.model import cached_cluster, cluster_dir, cluster_done, load_cluster, save_cluster
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import PrivacyLedger
 from kahm_dask.recipe import TrainParams

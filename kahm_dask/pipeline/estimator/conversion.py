@@ -14,15 +14,8 @@ from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier
 from kahm_dask.params import CLASSIFIER_PARAMS
 from kahm_dask.pipeline.estimator.stores import ESTIMATOR_PARAMS_KEY, stored_params
-from kahm_dask.pipeline.stores.model import (
-    build_manifest,
-    cluster_location,
-    jsonable,
-    load_cluster,
-    read_manifest,
-    save_cluster,
-    write_manifest,
-)
+from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, read_manifest, write_manifest
+from kahm_dask.pipeline.stores.model import cluster_location, load_cluster, save_cluster
 from kahm_dask.storage.location import Location, committed_directory
 
 __all__ = ["to_local", "write_local"]

@@ -51,7 +51,7 @@ from kahm_dask.pipeline.estimator.stores import (
 )
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
-from kahm_dask.pipeline.stores.model import read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.rows import rows_per_chunk
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.statement import PrivacyStatement

@@ -10,7 +10,7 @@ import weakref
 from typing import Any
 
 from kahm_dask.params import NOT_STORED_PARAMS
-from kahm_dask.pipeline.stores.model import jsonable, read_manifest
+from kahm_dask.pipeline.stores.manifest import jsonable, read_manifest
 from kahm_dask.storage.location import Location, as_location
 
 __all__ = ["DATA", "WORK", "MODEL", "ESTIMATOR_PARAMS_KEY", "NOT_STORED", "store_root", "check_target",

@@ -51,7 +51,7 @@ from kahm_dask.pipeline.predict import (
 from kahm_dask.pipeline.runs.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
 from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore
-from kahm_dask.pipeline.stores.model import read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.training import TrainSettings
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC, FeatureBounds
 from kahm_dask.privacy.membership import (

@@ -99,7 +99,7 @@ from kahm_dask.pipeline.runs.central import (
 from kahm_dask.pipeline.runs.data import OWNER, prepare_stores
 from kahm_dask.pipeline.runs.report import write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
-from kahm_dask.pipeline.stores.model import read_manifest
+from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.storage.atomic import atomic_directory, write_json_atomic, write_text_atomic
 from kahm_dask.storage.locks import exclusive

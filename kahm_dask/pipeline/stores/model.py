@@ -4,9 +4,8 @@ Layout (zarr v3, on the local filesystem or at a URL fsspec reaches, with ``stor
 :mod:`kahm_dask.storage.location`)::
 
     <model>.zarr/
-      zarr.json                      attributes "kahm_dask_model": manifest (params, the public
-                                     k-means seed, versions, classes, cluster table, and for
-                                     a DP run the release id and the privacy statement)
+      zarr.json                      attributes "kahm_dask_model": the manifest
+                                     (:mod:`kahm_dask.pipeline.stores.manifest`)
       clusters/c{c}_s{s}/            one trained cluster (a complete group or absent)
         zarr.json                    attributes: deep-KAHM meta, layer scalars, cluster info
                                      (class, cluster, n_rows, layer_dims, and the smoother
@@ -19,7 +18,7 @@ into place in one step, so a reader never sees half a cluster, a complete cluste
 replaced, and a rerun skips finished ones (resume). Object stores have no rename: there a
 cluster is written in its final place with its marker ``_COMPLETE.json`` last (a reader treats a
 cluster without it as absent), and a remote model store is complete only with its own top-level
-``_COMPLETE.json``, written last (:func:`mark_model_complete`; :func:`read_manifest` refuses a
+``_COMPLETE.json``, written last (:func:`mark_model_complete`; ``read_manifest`` refuses a
 remote store without it).
 In a DP run only DP data (fabricated or noisy rows), models fitted on them and public settings
 are written here: nothing else computed from private rows.
@@ -38,15 +37,12 @@ from json import JSONDecodeError
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 import zarr
 
-from kahm_dask._version import __version__
-from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.storage.atomic import sibling_path
-from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location, is_committed
+from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location
 
 __all__ = [
     "cluster_name",
@@ -57,15 +53,9 @@ __all__ = [
     "cached_cluster",
     "cluster_centre",
     "cluster_done",
-    "write_manifest",
-    "read_manifest",
     "mark_model_complete",
-    "build_manifest",
-    "jsonable",
-    "versions",
 ]
 
-MANIFEST_KEY = "kahm_dask_model"
 _COMPLETE = COMPLETE_FILE
 Options = Mapping[str, Any] | None
 
@@ -245,85 +235,9 @@ def _model_bytes(model: DeepKAHM) -> int:
     return sum(layer.beta_.nbytes + layer.codes_.nbytes + layer.components_.nbytes for layer in layers)
 
 
-def write_manifest(model_path: LocationLike, manifest: dict, *, storage_options: Options = None) -> None:
-    """Store ``manifest`` in the attributes of the model store at ``model_path`` (created if absent)."""
-    group = zarr.open_group(as_location(model_path, storage_options).zarr_store(), mode="a", zarr_format=3)
-    group.attrs[MANIFEST_KEY] = manifest
-
-
 def mark_model_complete(model_path: LocationLike, *, storage_options: Options = None) -> None:
     """Write the top-level completion marker of a model store (last, when every cluster is
     written). A remote store's readers require it; a local store is complete once it is moved
     to its final path, and the marker lets a staged copy be told from a finished one."""
     path = as_location(model_path, storage_options)
     (path / _COMPLETE).write_json({"complete": True, "time": datetime.now(UTC).isoformat()})
-
-
-def read_manifest(model_path: LocationLike, *, storage_options: Options = None) -> dict:
-    """The manifest of the model store at ``model_path`` (a path or URL).
-
-    FileNotFoundError if there is none, or if a remote store has no completion marker (its
-    write did not finish); ValueError if the Zarr group there has no manifest.
-    """
-    path = as_location(model_path, storage_options)
-    if not (path / "zarr.json").exists():
-        raise FileNotFoundError(f"no model store at {path} (run `kahm-dask train` first).")
-    if not is_committed(path):
-        raise FileNotFoundError(f"the model store at {path} is incomplete (no {_COMPLETE}: its write did not "
-                                "finish); write it again.")
-    attrs = zarr.open_group(path.zarr_store(read_only=True), mode="r", zarr_format=3).attrs.asdict()
-    if MANIFEST_KEY not in attrs:
-        raise ValueError(f"{path} is not a kahm-dask model store (no manifest).")
-    return attrs[MANIFEST_KEY]
-
-
-def build_manifest(
-    classes: list, n_features: int, parameters: dict, privacy: dict | None, clusters: list[dict], extra: dict
-) -> dict:
-    """The manifest of a model store: the class labels (position = code), the number of features,
-    the ``parameters`` that made the model (names of :data:`kahm_dask.params.PARAMS`; their
-    ``random_state`` is the k-means seed used, public: the noise never depends on it), the release
-    (``privacy``: its id and statement; None when not private), the ``clusters`` (class, cluster,
-    n_rows), the library versions and ``extra`` keys (the estimator's own parameters)."""
-    return {
-        "format_version": 2,
-        "kahm_dask_version": __version__,
-        "classes": list(classes),
-        "n_features": int(n_features),
-        "parameters": parameters,
-        "seed": parameters.get("random_state"),
-        "seed_streams": {"partition": [PARTITION_STREAM]},
-        "privacy": privacy,
-        "clusters": clusters,
-        "versions": versions(),
-        **extra,
-    }
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with NumPy arrays and scalars, tuples and mappings as JSON types."""
-    if isinstance(value, Mapping):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray | list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def versions() -> dict[str, str]:
-    """The versions of the libraries a model store was written with."""
-    import dask_ml
-    import distributed
-    import scipy
-    import sklearn
-
-    return {
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "scikit-learn": sklearn.__version__,
-        "dask": dask.__version__,
-        "distributed": distributed.__version__,
-        "dask-ml": dask_ml.__version__,
-        "zarr": zarr.__version__,
-    }

@@ -43,7 +43,7 @@ from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore
-from kahm_dask.pipeline.stores.model import build_manifest, jsonable, write_manifest
+from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, write_manifest
 from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.training.partition import partition_classes
 from kahm_dask.pipeline.training.release import release_stage
