@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_is_fitted
 
-from kahm_dask.params import check_r_value
+from kahm_dask.params import check_estimator_params, check_r_value
 from kahm_dask.privacy.ledger import check_budget
 
 __all__ = ["KAHMClassifierBase", "class_matching_scores", "class_proportions", "exponent_ratios"]
@@ -80,10 +79,9 @@ class KAHMClassifierBase(ClassifierMixin, BaseEstimator):
     def _check_params(self) -> int | float | None:
         """Raise scikit-learn's ``InvalidParameterError`` (a ValueError and a TypeError) naming
         the first parameter that breaks its rule; returns ``r_value`` as ``r_source`` takes it."""
-        name = type(self).__name__
-        validate_parameter_constraints(self._parameter_constraints, self.get_params(deep=False), name)
+        check_estimator_params(self)
         check_budget(self.budget, "budget")
-        return check_r_value(self.r_source, self.r_value, name)
+        return check_r_value(self.r_source, self.r_value, type(self).__name__)
 
     def _map_distances(self, X, fn: Callable[[np.ndarray], np.ndarray], *, rows: bool, dtype: Any):
         """``fn`` of the (m, C) class distances of X, block by block; ``rows``: ``fn`` gives one

@@ -84,21 +84,35 @@ class KAHMClassifier(KAHMClassifierBase):
     d : float, (p,) array or None, default=None
         Adjacency bound; None: the bound width ``upper − lower``.
     dp_data : {"fabricated", "noisy"}, default="fabricated"
+        Rows the DP class models are fitted on: rows fabricated from the noisy rows (the
+        paper's method), or the noisy rows themselves (docs/algorithm.md#dp-classifier).
     r_source : {"passes", "threshold", "private"}, default="passes"
         Stopping rule of the fabrication (docs/algorithm.md#stopping-rule): a fixed number of
         smoother passes ``r_value`` (default :data:`~kahm_dask.privacy.fabrication.DEFAULT_PASSES`),
         a public per-row error ``r_value``, or the paper's r from the private rows (leaks:
         warns with ``PrivacyLeakWarning``).
-    r_value : float or int or None
+    r_value : float, int or None, default=None
+        The stopping rule's number: the smoother passes for "passes" (an int; None: the
+        default), the public per-row error for "threshold"; "private" takes none.
     cluster_on : {"noisy", "original"}, default="noisy"
         Rows the fabrication's k-means partition (Remark 4) is computed on; "original" (the
         paper's order) partitions private rows and warns with ``PrivacyLeakWarning``.
     max_passes : int, default=100
         Cap of the smoother M_max.
-    s_rule : {"round", "ceil"}; min_range : float or None; chunk_size : int; n_init : int;
-    kmeans_dims : int or None
-        See :class:`~kahm_dask.WideKAHM`; ``n_init`` and ``kmeans_dims`` apply to every k-means
-        (the partition of each class, whose parts are its branches and its Remark 4 subsets).
+    s_rule : {"round", "ceil"}, default="round"
+        Rounding of N_c / N_b to the branch count S_c (docs/algorithm.md#decision-s-rule).
+    min_range : float or None, default=1e-3
+        Code range below which a KAHM direction is dropped; None or 0: no such rule
+        (docs/algorithm.md#kahm-guards).
+    chunk_size : int, default=1000
+        Rows per block when a KAHM is evaluated (bounds the memory of an evaluation, not its
+        result).
+    n_init : int, default=1
+        k-means restarts of every k-means: the partition of each class into its branches and,
+        of a DP fit, into its Remark 4 subsets.
+    kmeans_dims : int or None, default=50
+        Principal coordinates every k-means runs in; None: all features
+        (docs/algorithm.md#kmeans-space).
     n_probe : int or None, default=None
         Routing: a query is evaluated, per class, on the ``n_probe`` branches whose centres are
         nearest to it (docs/algorithm.md#routing), so the prediction cost stops growing with

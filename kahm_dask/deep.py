@@ -16,8 +16,9 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
-from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows, check_positive_int
+from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, eval_dtype, principal_subspace
+from kahm_dask.params import check_estimator_params, parameter_constraints
 from kahm_dask.partition import (
     KMEANS_DIMS,
     check_partition,
@@ -168,6 +169,10 @@ class DeepKAHM(_BatchEvaluator):
     True
     """
 
+    _parameter_constraints: dict = parameter_constraints(
+        "n_components", "n_layers", "min_range", "chunk_size", "eval_dtype"
+    )
+
     def __init__(
         self,
         n_components: int = 20,
@@ -188,10 +193,7 @@ class DeepKAHM(_BatchEvaluator):
 
     def fit(self, Y, y=None) -> DeepKAHM:
         """Fit L KAHMs to ``Y`` (N, p)."""
-        check_positive_int(self.n_components, "n_components")
-        check_positive_int(self.n_layers, "n_layers")
-        check_positive_int(self.chunk_size, "chunk_size")
-        eval_dtype(self.eval_dtype, type(self).__name__)
+        check_estimator_params(self)
         Y = as_data_matrix(Y, "Y")
         self._fit_validated(Y)
         return self
@@ -324,6 +326,11 @@ class WideKAHM(_BatchEvaluator):
     [100, 100]
     """
 
+    _parameter_constraints: dict = parameter_constraints(
+        "n_components", "n_layers", "block_size", "random_state", "min_cluster_size", "n_init", "kmeans_dims",
+        "s_rule", "min_range", "chunk_size", "n_probe", "eval_dtype",
+    )
+
     def __init__(
         self,
         n_components: int = 20,
@@ -365,17 +372,18 @@ class WideKAHM(_BatchEvaluator):
     def _min_cluster_size(self) -> int:
         if self.min_cluster_size is None:
             return default_min_cluster_size(self.n_components)
-        return check_positive_int(self.min_cluster_size, "min_cluster_size")
+        return self.min_cluster_size
 
     def partition(self, Y: np.ndarray) -> np.ndarray:
         """k-means branch labels (N,) of validated ``Y`` (docs/algorithm.md#kmeans-partition)."""
+        check_estimator_params(self)
         S = n_branches(Y.shape[0], self.block_size, self.s_rule)
         return kmeans_partition(
             Y,
             S,
             min_cluster_size=self._min_cluster_size(),
             random_state=self.random_state,
-            n_init=check_positive_int(self.n_init, "n_init"),
+            n_init=self.n_init,
             kmeans_dims=self.kmeans_dims,
         )
 
@@ -385,9 +393,7 @@ class WideKAHM(_BatchEvaluator):
         ``partition`` : optional (N,) integer branch labels that replace the k-means
         partition (e.g. labels computed by the Dask pipeline); each branch needs ≥ 2 rows.
         """
-        for name in ("n_components", "n_layers", "block_size", "chunk_size"):
-            check_positive_int(getattr(self, name), name)
-        eval_dtype(self.eval_dtype, type(self).__name__)
+        check_estimator_params(self)
         Y = as_data_matrix(Y, "Y")
         check_n_rows(Y.shape[0], 2, "Y")
         labels, ids = self.branch_labels(Y, partition)

@@ -11,7 +11,6 @@ the affine hull of the samples; ``Γ(y) = ‖y − A_{Y,n}(y)‖`` (Definition 2
 
 from __future__ import annotations
 
-import numbers
 import threading
 import warnings
 from dataclasses import dataclass
@@ -25,11 +24,9 @@ from kahm_dask._batching import row_chunks
 from kahm_dask._validation import (
     as_data_matrix,
     check_n_features,
-    check_positive_float,
-    check_positive_int,
 )
 from kahm_dask.kernel import gaussian_kernel_matrix, kernel_scale
-from kahm_dask.params import check_params
+from kahm_dask.params import check_estimator_params, check_params, parameter_constraints
 from kahm_dask.regularization import solve_lambda_spectral
 
 __all__ = [
@@ -259,6 +256,11 @@ class KAHM(TransformerMixin, BaseEstimator):
     True
     """
 
+    _parameter_constraints: dict = parameter_constraints(
+        "n_components", "min_range", "chunk_size", "regularization", "lambda_rtol", "lambda_atol", "lambda_max_iter",
+        "eval_dtype",
+    )
+
     def __init__(
         self,
         n_components: int = 20,
@@ -295,16 +297,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         return self._fit(Y, training_images=True)
 
     def _check_params(self) -> None:
-        check_positive_int(self.n_components, "n_components")
-        check_positive_int(self.chunk_size, "chunk_size")
-        check_positive_int(self.lambda_max_iter, "lambda_max_iter")
-        if self.min_range is not None and not (
-            isinstance(self.min_range, numbers.Real) and self.min_range >= 0
-        ):
-            raise ValueError(f"min_range must be None or a number >= 0, got {self.min_range!r}.")
-        if self.regularization is not None:
-            check_positive_float(self.regularization, "regularization")
-        eval_dtype(self.eval_dtype, type(self).__name__)
+        check_estimator_params(self)
 
     def _fit(self, Y, training_images: bool = False) -> np.ndarray | None:
         self._check_params()

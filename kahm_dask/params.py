@@ -7,8 +7,8 @@ rule: what ``r_value`` must be for each ``r_source`` (:func:`check_r_value`).
 
 Everything that takes these parameters reads them from here: ``KAHMClassifier``
 (``_parameter_constraints``), the fabrication and S-rule functions (:func:`check_params`), the
-pipeline YAML schema (:mod:`kahm_dask.pipeline.config`: ranges and choices) and the options of
-``kahm-dask train`` (click types).
+pipeline YAML schema (:func:`kahm_dask.pipeline.config.schema.param`: defaults, ranges and
+choices) and the options of ``kahm-dask train`` (generated: types, defaults, help).
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ __all__ = [
     "CLASSIFIER_PARAMS",
     "PARTITION_PARAMS",
     "NOT_STORED_PARAMS",
+    "PREDICTION_PARAMS",
     "defaults",
     "RValueRule",
     "R_VALUE_RULES",
     "RuleError",
     "parameter_constraints",
     "check_params",
+    "check_estimator_params",
     "check_r_value",
 ]
 
@@ -191,6 +193,24 @@ PARAMS: dict[str, Param] = {
         "code range below which a KAHM direction is dropped; None or 0: no such rule (docs/algorithm.md#kahm-guards)",
         default=1e-3,
     ),
+    "regularization": Param(
+        (None, Range(Real, 0, None, closed="neither")),
+        "a fixed λ of one KAHM in place of λ* of the fixed point (tests and ablations only; "
+        "docs/algorithm.md#lambda-star)",
+        default=None,
+    ),
+    "lambda_rtol": Param(
+        (Range(Real, 0, None, closed="left"),),
+        "the λ* fixed point stops when ê changes by at most lambda_rtol·s (docs/algorithm.md#lambda-star)",
+        default=1e-10,
+    ),
+    "lambda_atol": Param(
+        (None, Range(Real, 0, None, closed="neither")),
+        "the author's stopping rule instead: when λ changes by at most this; None: lambda_rtol "
+        "(docs/algorithm.md#decision-lambda-stopping)",
+        default=None,
+    ),
+    "lambda_max_iter": Param((_at_least(1),), "cap of the λ* fixed-point iterations", default=1000),
     "random_state": Param(
         (None, Range(Integral, 0, None, closed="left"), np.random.SeedSequence, np.random.Generator),
         "seeds the k-means steps only, never the DP noise (docs/algorithm.md#seed-streams)",
@@ -301,6 +321,11 @@ PARTITION_PARAMS: tuple[str, ...] = (
 NOT_STORED_PARAMS: tuple[str, ...] = ("ledger", "budget", "insecure_noise_seed", "n_jobs")
 
 
+#: Parameters of the prediction, not of the model: a fitted estimator may change them, and a
+#: training run neither reads nor records them (``n_probe``: the routing; ``eval_dtype``: the precision).
+PREDICTION_PARAMS: tuple[str, ...] = ("n_probe", "eval_dtype")
+
+
 def defaults(*names: str) -> dict[str, Any]:
     """The default value of each parameter of ``names``."""
     return {name: PARAMS[name].default for name in names}
@@ -340,6 +365,14 @@ def check_r_value(r_source: str, r_value: Any, caller: str) -> int | float | Non
     if r_value is None:
         return None
     return int(r_value) if rule.values.type is Integral else float(r_value)
+
+
+def check_estimator_params(estimator: Any) -> None:
+    """Check the parameters of ``estimator`` against its ``_parameter_constraints`` (rules of
+    this table, :func:`parameter_constraints`); scikit-learn's ``InvalidParameterError`` names
+    the first one that breaks its rule and the estimator's class."""
+    validate_parameter_constraints(estimator._parameter_constraints, estimator.get_params(deep=False),
+                                   type(estimator).__name__)
 
 
 def check_params(params: Mapping[str, Any], caller: str) -> None:

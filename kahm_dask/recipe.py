@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kahm_dask.deep import DeepKAHM
+from kahm_dask.params import PARAMS
 from kahm_dask.privacy.fabrication import fabricate_subset
 
 __all__ = ["TrainParams", "ClusterFit"]
@@ -65,15 +66,15 @@ class TrainParams:
     ((40, 3), 3, [2, 1])
     """
 
-    n_components: int = 20
-    n_layers: int = 1
-    min_range: float | None = 1e-3
-    epsilon: float | None = None
-    dp_data: str = "fabricated"
-    r_source: str = "passes"
-    r_value: float | int | None = None
-    max_passes: int = 100
-    chunk_size: int = 1000
+    n_components: int = PARAMS["n_components"].default
+    n_layers: int = PARAMS["n_layers"].default
+    min_range: float | None = PARAMS["min_range"].default
+    epsilon: float | None = PARAMS["epsilon"].default
+    dp_data: str = PARAMS["dp_data"].default
+    r_source: str = PARAMS["r_source"].default
+    r_value: float | int | None = PARAMS["r_value"].default
+    max_passes: int = PARAMS["max_passes"].default
+    chunk_size: int = PARAMS["chunk_size"].default
 
     @property
     def private(self) -> bool:

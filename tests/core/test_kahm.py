@@ -452,8 +452,9 @@ def test_input_nonfinite_raises(bad, match):
     [(0, ValueError), (-3, ValueError), (2.0, TypeError), (2.5, TypeError), (True, TypeError)],
 )
 def test_invalid_n_components_raises(value, exc):
-    """n_components must be an integer >= 1 (0, negative → ValueError; float/bool → TypeError)."""
-    with pytest.raises(exc, match="n_components must be an integer >= 1"):
+    """n_components must be an int >= 1 (the table's rule; 0, negative, float and bool raise
+    scikit-learn's InvalidParameterError, both a ValueError and a TypeError)."""
+    with pytest.raises(exc, match="'n_components' parameter of KAHM must be an int >= 1"):
         KAHM(n_components=value).fit(np.random.default_rng(0).normal(size=(20, 3)))
 
 

@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 from sklearn.utils._param_validation import make_constraint
 
-from kahm_dask import KAHMClassifier
+from kahm_dask import KAHM, DeepKAHM, KAHMClassifier, WideKAHM
 from kahm_dask.cli import main
-from kahm_dask.params import PARAMS, R_VALUE_RULES, Choices, Range
+from kahm_dask.params import PARAMS, R_VALUE_RULES, Choices, Range, check_estimator_params
 from kahm_dask.partition import n_branches
 from kahm_dask.pipeline.config import ConfigError, ModelConfig, PartitionConfig, PipelineConfig, PrivacyConfig
 from kahm_dask.pipeline.stores.dataset import write_dataset
@@ -67,7 +67,8 @@ def _cli_options() -> dict[str, Any]:
 
 
 CONFIG_KEYS, CLI_OPTIONS = _config_keys(), _cli_options()
-ESTIMATOR_PARAMS = set(KAHMClassifier().get_params())
+#: The estimators that check table parameters, by the parameters they take.
+ESTIMATORS = {cls: set(cls().get_params()) for cls in (KAHMClassifier, KAHM, DeepKAHM, WideKAHM)}
 
 
 # --------------------------------------------------------------------------- the cases
@@ -121,12 +122,15 @@ CASES = _cases()
 # --------------------------------------------------------------------------- the places
 
 
-def _estimator(params: dict, name: str, valid: bool) -> None:
+def _estimator(params: dict, name: str, valid: bool, cls: type) -> None:
     if valid:
-        KAHMClassifier(**params)._check_params()
+        if cls is KAHMClassifier:
+            cls(**params)._check_params()
+        else:
+            check_estimator_params(cls(**params))
     else:
-        with pytest.raises((ValueError, TypeError), match=f"'{name}'"):
-            KAHMClassifier(**params).fit(X, Y)
+        with pytest.raises((ValueError, TypeError), match=f"'{name}' parameter of {cls.__name__}"):
+            cls(**params).fit(X, Y)
 
 
 def _config(params: dict, name: str, valid: bool) -> None:
@@ -201,9 +205,10 @@ def store(tmp_path_factory):
 @pytest.mark.parametrize("params, valid, name", CASES)
 def test_every_place_applies_the_table(params, valid, name, store, monkeypatch):
     checked = 0
-    if set(params) <= ESTIMATOR_PARAMS:
-        _estimator(params, name, valid)
-        checked += 1
+    for cls, takes in ESTIMATORS.items():
+        if set(params) <= takes:
+            _estimator(params, name, valid, cls)
+            checked += 1
     if set(params) <= set(CONFIG_KEYS):
         _config(params, name, valid)
         checked += 1
@@ -223,7 +228,8 @@ def test_every_place_applies_the_table(params, valid, name, store, monkeypatch):
 def test_every_model_and_privacy_setting_has_a_rule():
     """A parameter added to the estimator, the YAML sections ``model`` and ``privacy`` or the
     train command needs a rule in the table first."""
-    assert ESTIMATOR_PARAMS == set(KAHMClassifier._parameter_constraints) <= set(PARAMS)
+    for cls, takes in ESTIMATORS.items():
+        assert takes == set(cls._parameter_constraints) <= set(PARAMS), cls.__name__
     for section in (ModelConfig, PrivacyConfig):
         names = {ALIASES.get(f.name, f.name) for f in dataclasses.fields(section)} - {"budget", "ledger_dir"}
         assert names <= set(PARAMS), names - set(PARAMS)
@@ -231,7 +237,7 @@ def test_every_model_and_privacy_setting_has_a_rule():
 
 
 def test_every_rule_is_used():
-    used = ESTIMATOR_PARAMS | set(CONFIG_KEYS) | set(CLI_OPTIONS)
+    used = set().union(*ESTIMATORS.values()) | set(CONFIG_KEYS) | set(CLI_OPTIONS)
     assert set(PARAMS) <= used, set(PARAMS) - used
     assert all(param.meaning for param in PARAMS.values())
 

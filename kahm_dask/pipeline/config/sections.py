@@ -269,14 +269,18 @@ def _resolve_source(source: str, key: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(Section):
-    """``model``: the DeepKAHM of each cluster, the partition into clusters (``n_init``,
-    ``kmeans_dims``: the k-means of a class partitioned in one task), the routing of
-    predictions (``n_probe``: clusters per class a query meets; null: all) and their precision
-    (``eval_dtype``: float64 or float32 kernel blocks, docs/algorithm.md#evaluation-precision)."""
+    """``model``: the DeepKAHM of each cluster (``min_range``: the code range below which a
+    direction is dropped), the partition into clusters (``n_init``, ``kmeans_dims``: the k-means
+    of a class partitioned in one task), the routing of predictions (``n_probe``: clusters per
+    class a query meets; null: all), their precision (``eval_dtype``: float64 or float32 kernel
+    blocks, docs/algorithm.md#evaluation-precision) and their blocks (``chunk_size``: rows per
+    block of an evaluation, memory only)."""
 
     _key: ClassVar[str] = "model"
     n_components: int = param("n_components")
     n_layers: int = param("n_layers")
+    min_range: float | None = param("min_range")
+    chunk_size: int = param("chunk_size")
     block_size: int = param("block_size")
     s_rule: SRule = param("s_rule")
     min_cluster_size: int | None = param("min_cluster_size")

@@ -87,7 +87,7 @@ class DaskKAHMClassifier(KAHMClassifierBase):
     ----------
     n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data, r_source, r_value, \
 cluster_on, max_passes, s_rule, min_range, chunk_size, n_init, kmeans_dims, n_probe, eval_dtype, n_jobs, \
-ledger, budget, insecure_noise_seed
+ledger, budget, insecure_noise_seed : as in KAHMClassifier
         As in :class:`~kahm_dask.KAHMClassifier`: the same rules and defaults, from
         :data:`kahm_dask.params.PARAMS`. ``ledger="auto"`` records every DP fit in the training
         rows' own privacy ledger, the one ``KAHMClassifier`` and the ``kahm-dask`` commands use
@@ -99,7 +99,7 @@ ledger, budget, insecure_noise_seed
         The pipeline's k-means seed (not private; the noise never depends on it). None: a seed
         drawn at each fit, recorded in the model store's manifest.
     min_cluster_size, oversampling_factor, init_max_iter, kmeans_max_iter, max_cluster_rows, \
-persist_fraction
+persist_fraction : the partition's
         The partition of the pipeline (a pipeline file's ``partition`` section; meanings, rules
         and defaults in :data:`kahm_dask.params.PARAMS`): a class whose rows take more than
         ``persist_fraction`` of a worker's memory is clustered out of core with k-means‖ and

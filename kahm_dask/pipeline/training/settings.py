@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from kahm_dask.partition import KMEANS_DIMS
-from kahm_dask.privacy.release import AUTO_LEDGER
+from kahm_dask.params import PARAMS
 from kahm_dask.recipe import TrainParams
 
 __all__ = ["TrainSettings"]
@@ -33,25 +32,25 @@ class TrainSettings:
     """
 
     params: TrainParams
-    seed: int | None = None
-    delta: float = 0.0
-    d: float | None = None
+    seed: int | None = PARAMS["random_state"].default
+    delta: float = PARAMS["delta"].default
+    d: float | None = PARAMS["d"].default
     bounds: tuple | None = field(default=None, compare=False)
     bounds_source: str | None = None
-    block_size: int = 1000
-    s_rule: str = "round"
-    min_cluster_size: int | None = None
-    cluster_on: str = "noisy"
-    n_init: int = 1
-    kmeans_dims: int | None = KMEANS_DIMS
-    oversampling_factor: float | None = None
-    init_max_iter: int = 5
-    kmeans_max_iter: int = 100
-    max_cluster_rows: int | None = None
-    persist_fraction: float = 0.25
-    ledger: Any = field(default=AUTO_LEDGER, compare=False)
-    budget: tuple[float, float] | None = None
-    insecure_noise_seed: int | None = None
+    block_size: int = PARAMS["block_size"].default
+    s_rule: str = PARAMS["s_rule"].default
+    min_cluster_size: int | None = PARAMS["min_cluster_size"].default
+    cluster_on: str = PARAMS["cluster_on"].default
+    n_init: int = PARAMS["n_init"].default
+    kmeans_dims: int | None = PARAMS["kmeans_dims"].default
+    oversampling_factor: float | None = PARAMS["oversampling_factor"].default
+    init_max_iter: int = PARAMS["init_max_iter"].default
+    kmeans_max_iter: int = PARAMS["kmeans_max_iter"].default
+    max_cluster_rows: int | None = PARAMS["max_cluster_rows"].default
+    persist_fraction: float = PARAMS["persist_fraction"].default
+    ledger: Any = field(default=PARAMS["ledger"].default, compare=False)
+    budget: tuple[float, float] | None = PARAMS["budget"].default
+    insecure_noise_seed: int | None = PARAMS["insecure_noise_seed"].default
 
     #: Settings named otherwise in the parameter table (:data:`kahm_dask.params.PARAMS`).
     RENAMED = {"seed": "random_state"}
