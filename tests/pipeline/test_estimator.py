@@ -183,3 +183,21 @@ def test_the_core_imports_no_dask_until_the_estimator_is_used():
 ])
 def test_scikit_learn_checks(check):
     check(DaskKAHMClassifier.__name__, DaskKAHMClassifier())
+
+
+def test_more_workers_than_data_chunks_and_the_estimators_client(digits):
+    """Workers that hold no rows (4 workers, one chunk of a few classes) neither fail nor change
+    the model; ``client`` set on the estimator is the one it uses, and it is not a parameter."""
+    from distributed import Client, LocalCluster
+
+    X, y = digits.X_train[digits.y_train < 3], digits.y_train[digits.y_train < 3]
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as other:
+        est = DaskKAHMClassifier(random_state=SEED)
+        est.client = other
+        est.fit(X, y)
+        assert cluster.scheduler.transition_counter > 0  # the fit ran on this cluster
+        assert "client" not in est.get_params() and est.client is other
+        reference = KAHMClassifier(random_state=SEED).fit(X, y)
+        _assert_same_model(est, reference, digits.X_test[digits.y_test < 3])
+        assert "client" not in pickle.loads(pickle.dumps(est)).__dict__
