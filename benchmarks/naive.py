@@ -2,8 +2,8 @@
 
 This is the KAHM classifier of docs/algorithm.md (docs/algorithm.md#kahm to
 docs/algorithm.md#classifier) computed the textbook way, used only by the
-performance benchmarks (as the baseline the project is measured against) and by
-``tests/core/test_naive_equivalence.py`` (naive and fast agree to 1e-9):
+performance benchmarks (as the baseline the project is measured against) and by the core
+tests (naive and fast agree to 1e-9):
 
 * PCA from ``eigh`` of the p×p sample covariance Σ_Y (Definition 1, step 1), θ by its formula
   (eq. 36) and inverted explicitly; the kernel matrix from Mahalanobis distances computed by
@@ -20,18 +20,90 @@ code returns the origin there, which would be a different model). Deep, wide and
 layers are plain loops over layers, branches and classes; the branches are the project's own
 k-means partition (same seeds), so naive and project models are the same model and should
 predict the same classes.
+
+The formulas the models are built from come first, written from docs/algorithm.md
+(docs/algorithm.md#krls, docs/algorithm.md#kahm, docs/algorithm.md#distance) with explicit linear
+solves (``scipy.linalg.solve``) and broadcasting, never with the library's spectral shortcuts:
+the core tests (tests/core/test_kahm.py, test_regularization.py, test_deep_wide.py) compare them
+with the library's fast path, quantity by quantity, and tests/core/test_naive_equivalence.py
+compares the naive models with the fast models. This is the project's one reference
+implementation: the tests and the benchmarks import it from here (``benchmarks.naive``), from a
+clone's root (``pytest``, ``python -m benchmarks.…``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import solve, solve_triangular
 
 from kahm_dask._batching import row_chunks
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.deep import WideKAHM, layer_dimensions
 
-__all__ = ["NaiveKAHM", "NaiveDeepKAHM", "NaiveWideKAHM", "NaiveKAHMClassifier", "naive_flops"]
+__all__ = [
+    "sq_dists", "gaussian_kernel", "direct_R", "kahm_reference", "explicit_images", "affine_residual",
+    "NaiveKAHM", "NaiveDeepKAHM", "NaiveWideKAHM", "NaiveKAHMClassifier", "naive_flops",
+]
+
+
+# --------------------------------------------------------------------------- the formulas
+
+
+def sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """``D[a, b] = ‖A[a] − B[b]‖²`` by broadcasting (no BLAS expansion trick)."""
+    diff = A[:, None, :] - B[None, :, :]
+    return np.einsum("abk,abk->ab", diff, diff)
+
+
+def gaussian_kernel(A: np.ndarray, B: np.ndarray, width: float) -> np.ndarray:
+    """``exp(−‖a − b‖² / width)``."""
+    return np.exp(-sq_dists(A, B) / width)
+
+
+def direct_R(K: np.ndarray, Y: np.ndarray, e: float, tau: float) -> float:
+    """``R(e, τ)`` of eq. (21) with an explicit solve (no eigendecomposition)."""
+    N, p = Y.shape
+    lam = e + tau
+    F = K @ solve(K + lam * np.eye(N), Y, assume_a="pos")
+    return float(np.sum((Y - F) ** 2) / (p * N))
+
+
+def kahm_reference(Y: np.ndarray, P: np.ndarray):
+    """K (eq. 39) and a function mapping queries to their Mahalanobis codes, from Y and a given
+    projection P (θ = covariance of the uncentred codes P y, eq. 36; the codes whitened by its
+    Cholesky factor)."""
+    n = P.shape[0]
+    X = Y @ P.T
+    theta = np.atleast_2d(np.cov(X, rowvar=False, ddof=1))
+    L = np.linalg.cholesky(theta)
+
+    def codes(Q: np.ndarray) -> np.ndarray:
+        return solve_triangular(L, (Q @ P.T).T, lower=True).T
+
+    Z = codes(Y)
+    D2 = sq_dists(Z, Z)
+    K = np.exp(-D2 / (2 * n))
+    return K, codes
+
+
+def explicit_images(K: np.ndarray, lam: float, Kq: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """``w(y)ᵀ Y`` with ``w = h / 1ᵀh``, ``h = (K + λI)^{-1} k(Py)`` by a linear solve (eq. 33)."""
+    N = K.shape[0]
+    H = solve(K + lam * np.eye(N), Kq.T, assume_a="sym")  # (N, m)
+    W = H / H.sum(axis=0, keepdims=True)
+    return W.T @ Y
+
+
+def affine_residual(points: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Least-squares residual norm of ``points − y¹`` against ``span{y^i − y¹}`` (per row)."""
+    B = (Y[1:] - Y[0]).T  # (p, N-1)
+    R = (points - Y[0]).T  # (p, m)
+    coef, *_ = np.linalg.lstsq(B, R, rcond=None)
+    return np.linalg.norm(R - B @ coef, axis=0)
+
+
+# --------------------------------------------------------------------------- the naive models
 
 
 def _mahalanobis_sq(A: np.ndarray, B: np.ndarray, theta_inv: np.ndarray) -> np.ndarray:

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import kahm_dask.partition as partition_module
+from benchmarks.naive import affine_residual
 from kahm_dask import KAHM, DeepKAHM, WideKAHM
 from kahm_dask.deep import layer_dimensions
 from kahm_dask.partition import check_partition, kmeans_partition, n_branches
-
-from ._reference import affine_residual
 
 
 def _data(seed: int, N: int = 150, p: int = 8) -> np.ndarray:

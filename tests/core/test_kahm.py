@@ -16,12 +16,11 @@ from scipy.stats import ortho_group
 from sklearn.exceptions import NotFittedError
 
 import kahm_dask.kahm as kahm_module
+from benchmarks.naive import affine_residual, explicit_images, kahm_reference, sq_dists
 from kahm_dask import KAHM, DegenerateWeightsWarning
 from kahm_dask.kahm import PrincipalSubspace, principal_subspace
 from kahm_dask.kernel import shifted_query_kernel
 from kahm_dask.regularization import solve_lambda
-
-from ._reference import affine_residual, explicit_images, kahm_reference, sq_dists
 
 EPS = np.finfo(np.float64).eps
 

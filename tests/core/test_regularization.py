@@ -14,6 +14,7 @@ import pytest
 from scipy.linalg import eigh
 from sklearn.exceptions import ConvergenceWarning
 
+from benchmarks.naive import direct_R, gaussian_kernel, kahm_reference
 from kahm_dask import KAHM
 from kahm_dask.regularization import (
     LambdaFixedPoint,
@@ -21,8 +22,6 @@ from kahm_dask.regularization import (
     solve_lambda,
     solve_lambda_spectral,
 )
-
-from ._reference import direct_R, gaussian_kernel, kahm_reference
 
 
 def _problem(seed: int, N: int = 40, p: int = 6, d: int = 3, offset: float = 0.7):
