@@ -1,95 +1,158 @@
-"""Shared helpers of the reliability tests (docs/reliability.md).
+"""The test kit: every helper the test folders share (the shared fixtures are in tests/conftest.py).
 
-* :func:`sigkill` — kill a worker started by ``tests/_cluster.py:subprocess_cluster`` (which
-  starts them with ``--no-nanny``, so a SIGKILLed worker stays dead);
-* :func:`pipeline_yaml` — the synthetic DP pipeline used by the slow tests (≈ 20 cluster tasks
-  of ≈ 250 rows, dask-ml k-means with S = 2 per class, ε = 2, fully post-processed);
-* :func:`start_from_noise_of` — give a new run folder the stored noisy rows of another run, so
-  that two runs of secure (never repeated) noise can be compared bit for bit;
-* :func:`run_fingerprint` — every array and attribute of a run's model store and predictions,
-  to compare two runs bit for bit;
-* :class:`RowScanner` — finds original training rows (exact or to 1e-9) anywhere in a file,
-  a Zarr store, a text or a Python object, whatever the layout.
+* paths — :data:`REPO`, :data:`PIPELINES`, :data:`CLUSTER_CONFIGS`, :data:`README`;
+* data — :func:`digits_split` (the bundled digits, 70/30, scaled by their public bounds 0–16:
+  the ``digits`` fixture), :func:`three_blobs` (the oracle blobs of docs/algorithm.md);
+* pipeline files — :func:`pipeline_dict` and :func:`pipeline_file` (a minimal valid pipeline plus
+  dotted overrides), :data:`SYNTHETIC_RUN` (the synthetic DP run of the slow tests),
+  :func:`run_pipeline_file`;
+* privacy — :func:`ledger_of` (the ledger a test's releases went to), :func:`reachable_arrays`,
+  :class:`RowScanner` (training rows written anywhere), :func:`forbid_warnings`;
+* services — :data:`REQUIRE_SERVICES`, :func:`service_unavailable`, :func:`service_module`: a
+  service a test needs (the moto S3 server, TLS certificates and processes) that cannot start
+  skips the test, or fails it when ``KAHM_DASK_REQUIRE_SERVICES`` is set (CI sets it);
+* processes — :func:`free_port`, :func:`start_session`, :func:`stop_sessions`,
+  :func:`subprocess_cluster`, :func:`wait_for`, :func:`sigkill`;
+* TLS — :func:`make_authority` (a test CA and the certificates it signs);
+* stores and runs — :func:`leftovers`, :func:`interrupt_after_training`, :func:`run_stores`,
+  :func:`staged_model`, :func:`start_from_noise_of`, :func:`complete_clusters`,
+  :func:`n_planned_clusters`, :func:`zarr_arrays`, :func:`run_fingerprint`,
+  :func:`assert_same_fingerprint`, :func:`assert_same_deep`;
+* bad input — :class:`Rejection` and :func:`assert_rejects` (a table row: a call, its exception
+  and the patterns its message must match).
+
+This module is imported by the core and privacy tests too, which must not load the pipeline,
+Dask or Zarr (tests/system/test_layers.py): those are imported inside the helpers that use them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import datetime
+import importlib
+import ipaddress
 import json
 import os
 import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
-import zarr
+import yaml
 from scipy.spatial import cKDTree
 
-from .._objects import reachable_arrays
+from kahm_dask.datasets import PUBLIC_BOUNDS, Split, load_bundled, split_and_scale
+from kahm_dask.privacy.fingerprint import fingerprint
+from kahm_dask.privacy.ledger import PrivacyLedger
 
-# --------------------------------------------------------------------------- processes
+# --------------------------------------------------------------------------- paths
 
+REPO = Path(__file__).resolve().parents[1]
+PIPELINES = REPO / "pipelines"
+CLUSTER_CONFIGS = REPO / "cluster_configs"
+README = REPO / "README.md"
 
-def sigkill(proc: subprocess.Popen) -> None:
-    """SIGKILL one process this test started, by its pid."""
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-
-
-# --------------------------------------------------------------------------- the pipeline
-
-#: Synthetic DP pipeline of the slow tests. 7200 rows × 16 features, 10 classes → 5040
-#: training rows, ≈ 504 per class → one cluster per class (block_size 1000): 10 tasks of
-#: ≈ 500 rows, each 10 fixed smoothing passes and a 5-layer DeepKAHM (≈ 1 s per task).
-#: (dask-ml k-means on a process cluster costs ≈ 30 s here; its determinism is tested apart.)
-SYNTHETIC_PIPELINE = """\
-name: reliability
-seed: {seed}
-output: {output}
-data:
-  source: synthetic:blobs
-  synthetic:
-    n_samples: 7200
-    n_features: 16
-    n_classes: 10
-  chunk_rows: 1000
-  bounds: [0, 1]
-model:
-  n_components: 20
-  n_layers: 5
-  block_size: 1000
-privacy:
-  epsilon: 2.0
-  r_source: passes
-  r_value: 10
-  cluster_on: noisy
-evaluate:
-  membership: false
-report:
-  plots: false
-cluster:
-{cluster}
-"""
+# --------------------------------------------------------------------------- data
 
 
-def pipeline_yaml(path: Path, output: Path, *, n_workers: int = 2, scheduler: str | None = None,
-                  processes: bool = True, seed: int | None = 11) -> Path:
-    """Write the synthetic pipeline file to ``path``; returns ``path``.
+def digits_split() -> Split:
+    """The bundled digits, split 70/30 (stratified, split seed 0) and scaled to [0, 1] by their
+    public bounds (pixel counts 0–16): no private statistic is used, ``split.bounds`` is public."""
+    return split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
 
-    ``seed=None`` is the default of real runs: a k-means seed drawn once and kept in
-    ``<output>/owner/work``.
+
+def three_blobs(seed: int, n_train: int = 200, n_test: int = 100, p: int = 5, sigma: float = 1.0):
+    """Data of docs/algorithm.md#oracle-blobs and docs/algorithm.md#oracle-dp-end-to-end: three
+    Gaussian blobs in ``p``-D, centres pairwise 10σ apart.
+
+    Returns ``X_train (3·n_train, p), y_train, X_test (3·n_test, p), y_test, centres (3, p)``.
     """
-    if scheduler is not None:
-        cluster = f"  scheduler: {scheduler}"
-    else:
-        cluster = f"  n_workers: {n_workers}\n  processes: {str(processes).lower()}\n  memory_limit: 1GiB"
-    seed_text = "null" if seed is None else str(seed)
-    path.write_text(SYNTHETIC_PIPELINE.format(output=output, cluster=cluster, seed=seed_text))
+    rng = np.random.default_rng(seed)
+    # three points of a regular simplex with side 10σ, rotated at random
+    Q, _ = np.linalg.qr(rng.normal(size=(p, p)))
+    centres = (10 * sigma / np.sqrt(2)) * Q[:3]
+    Xtr = np.vstack([c + sigma * rng.normal(size=(n_train, p)) for c in centres])
+    Xte = np.vstack([c + sigma * rng.normal(size=(n_test, p)) for c in centres])
+    return Xtr, np.repeat(np.arange(3), n_train), Xte, np.repeat(np.arange(3), n_test), centres
+
+
+# --------------------------------------------------------------------------- pipeline files
+
+#: The smallest valid pipeline file: the overrides of :func:`pipeline_dict` start from it.
+MINIMAL_PIPELINE = {"name": "test", "output": "run", "data": {"source": "sklearn:iris"}}
+
+
+def pipeline_dict(**overrides) -> dict:
+    """:data:`MINIMAL_PIPELINE` with each dotted key of ``overrides`` set (sections created as
+    needed; a section given as a whole replaces it), e.g.
+    ``pipeline_dict(**{"privacy.epsilon": 2.0, "data.source": "sklearn:digits"})``."""
+    config = copy.deepcopy(MINIMAL_PIPELINE)
+    for dotted, value in overrides.items():
+        *parents, last = dotted.split(".")
+        node = config
+        for name in parents:
+            if not isinstance(node.get(name), dict):
+                node[name] = {}
+            node = node[name]
+        node[last] = copy.deepcopy(value)
+    return config
+
+
+def _plain(value):
+    """``value`` with paths as strings and tuples as lists (what YAML writes)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, os.PathLike) else value
+
+
+def pipeline_file(where: str | os.PathLike[str], **overrides) -> Path:
+    """Write :func:`pipeline_dict` ``(**overrides)`` as a pipeline YAML file; returns its path.
+
+    ``where`` is a directory (the file is ``where/pipeline.yaml``) or the file's path (``.yaml``);
+    ``output`` defaults to ``run`` beside the file: ``pipeline_file(tmp_path, **{"privacy.epsilon":
+    2.0})`` runs into ``tmp_path/run``.
+    """
+    where = Path(where)
+    path = where if where.suffix in (".yaml", ".yml") else where / "pipeline.yaml"
+    config = pipeline_dict(**{"output": path.parent / "run", **overrides})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
     return path
+
+
+#: The synthetic DP pipeline of the slow tests (:func:`pipeline_file` overrides). 7200 rows × 16
+#: features, 10 classes → 5040 training rows, ≈ 504 per class → one cluster per class (block_size
+#: 1000): 10 tasks of ≈ 500 rows, each 10 fixed smoothing passes and a 5-layer DeepKAHM (≈ 1 s per
+#: task). (dask-ml k-means on a process cluster costs ≈ 30 s here; its determinism is tested apart.)
+#: ``seed`` 11; ``"seed": None`` is the default of real runs (a k-means seed drawn once and kept in
+#: ``<output>/owner/work``). The cluster: 2 worker processes of 1 GiB, unless overridden.
+SYNTHETIC_RUN = {
+    "name": "reliability",
+    "seed": 11,
+    "data.source": "synthetic:blobs",
+    "data.synthetic": {"n_samples": 7200, "n_features": 16, "n_classes": 10},
+    "data.chunk_rows": 1000,
+    "data.bounds": [0, 1],
+    "model": {"n_components": 20, "n_layers": 5, "block_size": 1000},
+    "privacy": {"epsilon": 2.0, "r_source": "passes", "r_value": 10, "cluster_on": "noisy"},
+    "evaluate.membership": False,
+    "report.plots": False,
+    "cluster": {"n_workers": 2, "processes": True, "memory_limit": "1GiB"},
+}
 
 
 def run_pipeline_file(path: Path, client=None) -> dict:
@@ -105,91 +168,62 @@ def run_pipeline_file(path: Path, client=None) -> dict:
         return run_pipeline(cfg, own, progress=False)
 
 
-def run_stores(run: Path) -> tuple[Path, Path]:
-    """``(model store, predictions)`` of a DP run folder (``public/`` and ``owner/``)."""
-    return Path(run) / "public" / "model.zarr", Path(run) / "owner" / "predictions.zarr"
+# --------------------------------------------------------------------------- privacy
 
 
-def staged_model(run: Path) -> Path:
-    """The model store of a run folder while it is trained: staged in the owner's work store,
-    moved to ``public/`` when every cluster is written."""
-    return Path(run) / "owner" / "work" / "model.zarr"
+def ledger_of(rows) -> PrivacyLedger:
+    """The privacy ledger a test's DP releases of ``rows`` went to: the data set's ledger in the
+    test's own ledger directory (``$KAHM_DASK_LEDGER_DIR``, set per test by tests/conftest.py).
+    ``rows``: a dataset store (anything with ``fingerprint()``) or a matrix."""
+    fp = rows.fingerprint() if hasattr(rows, "fingerprint") else fingerprint(np.asarray(rows))
+    return PrivacyLedger.for_data(fp)
 
 
-def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
-    """Copy the data stores (with their ledger) and the stored noisy rows (with their marker
-    and noise_id) of the run folder ``src_run`` into a new run folder ``dst_run``: a run there
-    reuses them, so it can be compared bit for bit with ``src_run`` although the noise is
-    secure (never drawn twice). Nothing else of ``src_run`` is copied."""
-    src, dst = Path(src_run) / "owner", Path(dst_run) / "owner"
-    dst.mkdir(parents=True)
-    shutil.copytree(src / "data", dst / "data")
-    shutil.copytree(src / "work" / "X_noisy", dst / "work" / "X_noisy")
-
-
-def complete_clusters(model_path: Path) -> int:
-    """Number of clusters with a completion marker in a model store."""
-    clusters = Path(model_path) / "clusters"
-    if not clusters.is_dir():
-        return 0
-    return sum(1 for d in clusters.iterdir() if (d / "_COMPLETE.json").is_file())
-
-
-def n_planned_clusters(model_path: Path) -> int | None:
-    """Number of clusters the manifest lists (None before the manifest is written)."""
-    try:
-        from kahm_dask.pipeline.stores.manifest import read_manifest
-
-        return len(read_manifest(model_path)["clusters"])
-    except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
-        return None
-
-
-def _arrays(root: Path) -> dict[str, np.ndarray]:
-    out = {}
-    for meta in sorted(root.rglob("zarr.json")):
-        node = json.loads(meta.read_text())
-        if node.get("node_type") == "array":
-            out[str(meta.parent.relative_to(root))] = zarr.open_array(meta.parent, mode="r")[...]
-    return out
-
-
-def _attrs(root: Path) -> dict[str, dict]:
-    out = {}
-    for meta in sorted(root.rglob("zarr.json")):
-        out[str(meta.parent.relative_to(root))] = json.loads(meta.read_text()).get("attributes", {})
-    return out
-
-
-def run_fingerprint(model_path: Path, pred_path: Path | None = None) -> dict:
-    """Arrays and attributes of the complete clusters (+ predictions), for bitwise comparison."""
-    model_path = Path(model_path)
-    clusters = sorted(d for d in (model_path / "clusters").iterdir() if (d / "_COMPLETE.json").is_file())
-    fp = {"manifest": _attrs(model_path)["."], "clusters": [d.name for d in clusters]}
-    for d in clusters:
-        fp[f"arrays/{d.name}"] = _arrays(d)
-        fp[f"attrs/{d.name}"] = _attrs(d)
-    if pred_path is not None:
-        fp["predictions"] = _arrays(Path(pred_path))
-        fp["prediction_attrs"] = _attrs(Path(pred_path))
-    return fp
-
-
-def assert_same_fingerprint(a: dict, b: dict) -> None:
-    """Bit-for-bit equality of two fingerprints (dtype, shape and every byte of every array)."""
-    assert a.keys() == b.keys()
-    for key in a:
-        if key.startswith("arrays/") or key == "predictions":
-            assert a[key].keys() == b[key].keys(), key
-            for name, arr in a[key].items():
-                other = b[key][name]
-                assert arr.dtype == other.dtype and arr.shape == other.shape, (key, name)
-                assert arr.tobytes() == other.tobytes(), f"{key}/{name} differs"
+def reachable_arrays(obj, seen: set[int] | None = None) -> Iterator[np.ndarray]:
+    """Every non-object ndarray reachable from ``obj`` through ``__dict__``, lists, tuples, sets
+    and dicts (keys and values), each once; object arrays are searched item by item (is a
+    training row in a fitted model or anything reachable from it?)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            for item in obj.ravel():
+                yield from reachable_arrays(item, seen)
         else:
-            assert a[key] == b[key], key
+            yield obj
+        return
+    if isinstance(obj, dict):
+        items = list(obj.keys()) + list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    else:
+        return
+    for item in items:
+        yield from reachable_arrays(item, seen)
 
 
-# --------------------------------------------------------------------------- leak scanning
+@contextlib.contextmanager
+def forbid_warnings(*categories: type[Warning]) -> Iterator[None]:
+    """Turn warnings of ``categories`` into errors inside the block (a case that must not warn)."""
+    with warnings.catch_warnings():
+        for category in categories:
+            warnings.simplefilter("error", category)
+        yield
+
+
+@contextlib.contextmanager
+def ignore_warnings(*categories: type[Warning]) -> Iterator[None]:
+    """Ignore warnings of ``categories`` inside the block (warnings a test expects and does not
+    check, e.g. the test-only noise seed's PrivacyLeakWarning)."""
+    with warnings.catch_warnings():
+        for category in categories:
+            warnings.simplefilter("ignore", category)
+        yield
+
 
 # a number not glued to a name ("float64", "c0_s1"): "np.float64(0.5)" gives 0.5 only
 _NUMBER = re.compile(rb"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -274,6 +308,8 @@ class RowScanner:
 
     def in_zarr_arrays(self, root: Path) -> dict[str, set[int]]:
         """Every Zarr array under ``root`` (also leftovers of interrupted writes)."""
+        import zarr
+
         found = {}
         for meta in Path(root).rglob("zarr.json"):
             try:
@@ -305,21 +341,369 @@ class RowScanner:
         return hits
 
 
-# --------------------------------------------------------------------------- fixtures
+# --------------------------------------------------------------------------- services
+
+#: Set (to anything but "" or "0") where every service must start: CI (.ci/run), where the test
+#: extras are installed. A missing service then fails the test instead of skipping it.
+REQUIRE_SERVICES = "KAHM_DASK_REQUIRE_SERVICES"
 
 
-@pytest.fixture(scope="session")
-def baseline_run(tmp_path_factory) -> Path:
-    """The synthetic pipeline run uninterrupted on a 2-worker LocalCluster (slow tests only)."""
-    tmp = tmp_path_factory.mktemp("baseline")
-    cfg = pipeline_yaml(tmp / "p.yaml", tmp / "run", n_workers=2)
-    t0 = time.perf_counter()
-    metrics = run_pipeline_file(cfg)
-    metrics["wall_seconds"] = time.perf_counter() - t0
-    (tmp / "metrics.json").write_text(json.dumps(metrics, default=str))
-    return tmp / "run"
+def services_required() -> bool:
+    return os.environ.get(REQUIRE_SERVICES, "") not in ("", "0")
 
 
-@pytest.fixture(scope="session")
-def baseline_fingerprint(baseline_run) -> dict:
-    return run_fingerprint(*run_stores(baseline_run))
+def service_unavailable(reason: str) -> NoReturn:
+    """A service the test needs cannot start: skip with ``reason``, or fail where services are
+    required (``$KAHM_DASK_REQUIRE_SERVICES``, set in CI)."""
+    if services_required():
+        pytest.fail(f"{reason} (required: {REQUIRE_SERVICES} is set)", pytrace=False)
+    pytest.skip(reason)
+
+
+def service_module(name: str, reason: str):
+    """``import name`` for a service, or :func:`service_unavailable` with ``reason``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        service_unavailable(f"{reason} ({exc})")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server the test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_session(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``args`` in a process of its own session (so that its children stop with it), output to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+
+
+def stop_sessions(procs: list[subprocess.Popen], timeout: float = 20) -> None:
+    """Terminate the sessions of processes started by :func:`start_session`, then kill what is left
+    of each (its own session only)."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the processes this test started (by their own pid), then kill stragglers."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def sigkill(proc: subprocess.Popen) -> None:
+    """SIGKILL one process this test started, by its pid."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, message: str, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s: {message}")
+        time.sleep(interval)
+
+
+@dataclass
+class SubprocessCluster:
+    address: str
+    scheduler: subprocess.Popen
+    workers: list[subprocess.Popen]
+
+
+@contextlib.contextmanager
+def subprocess_cluster(
+    tmp: Path, n_workers: int = 2, memory_limit: str = "1GiB", *, nanny: bool = False
+) -> Iterator[SubprocessCluster]:
+    """Real ``dask scheduler`` and ``n_workers`` single-threaded ``dask worker`` processes on
+    127.0.0.1, logging to ``tmp/cluster.log``. Without a nanny (the default) a SIGKILLed worker
+    stays dead; with ``nanny=True`` the workers run as ``dask worker`` starts them by default."""
+    from distributed import Client
+
+    from kahm_dask.pipeline.cluster import BLAS_ENV
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    sched_file = tmp / "scheduler.json"
+    env = {**os.environ, **BLAS_ENV}
+    log = open(tmp / "cluster.log", "ab")
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--no-dashboard", "--scheduler-file", str(sched_file)],
+        env=env, stdout=log, stderr=log,
+    )
+    workers: list[subprocess.Popen] = []
+    try:
+        wait_for(sched_file.exists, 60, "the scheduler did not start")
+        for _ in range(n_workers):
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
+                 "--nthreads", "1", "--nanny" if nanny else "--no-nanny", "--no-dashboard",
+                 "--memory-limit", memory_limit],
+                env=env, stdout=log, stderr=log,
+            ))
+        address = json.loads(sched_file.read_text())["address"]
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(n_workers, timeout=60)
+        yield SubprocessCluster(address, scheduler, workers)
+    finally:
+        _stop(workers[::-1] + [scheduler])
+        log.close()
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@dataclass(frozen=True)
+class CertPair:
+    """A certificate and its private key (PEM files)."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A CA certificate file and the certificates it signed, by name."""
+
+    ca_file: Path
+    pairs: dict[str, CertPair]
+
+    def tls(self, name: str) -> dict[str, str]:
+        """The ``tls`` settings of the pair ``name`` (the keys of kahm-dask's ``tls`` section)."""
+        return {"ca_file": str(self.ca_file), "cert": str(self.pairs[name].cert), "key": str(self.pairs[name].key)}
+
+    def cli(self, name: str) -> list[str]:
+        """The ``--tls-*`` options of ``dask scheduler``/``dask worker`` and of kahm-dask."""
+        pair = self.pairs[name]
+        return ["--tls-ca-file", str(self.ca_file), "--tls-cert", str(pair.cert), "--tls-key", str(pair.key)]
+
+
+def make_authority(directory: Path, name: str, leaves: tuple[str, ...] = ("server", "client")) -> Authority:
+    """A CA ``name`` in ``directory`` (``ca.pem``) and one certificate and key per leaf name
+    (``<leaf>.pem``, ``<leaf>-key.pem``) for 127.0.0.1 and localhost, valid for a day, usable by
+    servers and clients (Dask's scheduler, workers and clients all are both). Made with
+    ``cryptography`` (a test extra: a service of :func:`service_module`)."""
+    service_module("cryptography", "the TLS tests make their certificates with cryptography (pip install '.[test]')")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def x509_name(common_name: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+    def builder(subject: x509.Name, issuer: x509.Name, public_key) -> x509.CertificateBuilder:
+        now = datetime.datetime.now(datetime.UTC)
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1)))
+
+    def write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+
+    def write_cert(cert: x509.Certificate, path: Path) -> None:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509_name(f"kahm-dask test CA {name}")
+    ca = (builder(ca_name, ca_name, ca_key.public_key())
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    write_cert(ca, directory / "ca.pem")
+    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    alt_names = x509.SubjectAlternativeName([x509.DNSName("localhost"), loopback])
+    usages = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
+    pairs = {}
+    for leaf in leaves:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (builder(x509_name("127.0.0.1"), ca_name, key.public_key())
+                .add_extension(alt_names, critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(usages, critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        pair = CertPair(directory / f"{leaf}.pem", directory / f"{leaf}-key.pem")
+        write_cert(cert, pair.cert)
+        write_key(key, pair.key)
+        pairs[leaf] = pair
+    return Authority(directory / "ca.pem", pairs)
+
+
+# --------------------------------------------------------------------------- stores and runs
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Temporary or moved-aside files and directories in ``directory`` (sorted names)."""
+    return sorted(p.name for p in Path(directory).iterdir() if ".tmp" in p.name or ".old-" in p.name)
+
+
+def interrupt_after_training(model: Path, work: Path, *lost: tuple[int, int]) -> Path:
+    """Move the finished model store ``model`` back to where a run interrupted before its commit
+    leaves it: staged in ``work``, without its completion marker and without the clusters
+    ``lost``. Returns the staged store."""
+    from kahm_dask.pipeline.stores.model import cluster_dir
+    from kahm_dask.pipeline.training import STAGED_MODEL
+
+    staged = Path(work) / STAGED_MODEL
+    Path(model).rename(staged)
+    (staged / "_COMPLETE.json").unlink()
+    for c, s in lost:
+        shutil.rmtree(cluster_dir(staged, c, s))
+    return staged
+
+
+def run_stores(run: Path) -> tuple[Path, Path]:
+    """``(model store, predictions)`` of a DP run folder (``public/`` and ``owner/``)."""
+    return Path(run) / "public" / "model.zarr", Path(run) / "owner" / "predictions.zarr"
+
+
+def staged_model(run: Path) -> Path:
+    """The model store of a run folder while it is trained: staged in the owner's work store,
+    moved to ``public/`` when every cluster is written."""
+    return Path(run) / "owner" / "work" / "model.zarr"
+
+
+def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
+    """Copy the data stores (with their ledger) and the stored noisy rows (with their marker
+    and noise_id) of the run folder ``src_run`` into a new run folder ``dst_run``: a run there
+    reuses them, so it can be compared bit for bit with ``src_run`` although the noise is
+    secure (never drawn twice). Nothing else of ``src_run`` is copied."""
+    src, dst = Path(src_run) / "owner", Path(dst_run) / "owner"
+    dst.mkdir(parents=True)
+    shutil.copytree(src / "data", dst / "data")
+    shutil.copytree(src / "work" / "X_noisy", dst / "work" / "X_noisy")
+
+
+def complete_clusters(model_path: Path) -> int:
+    """Number of clusters with a completion marker in a model store."""
+    clusters = Path(model_path) / "clusters"
+    if not clusters.is_dir():
+        return 0
+    return sum(1 for d in clusters.iterdir() if (d / "_COMPLETE.json").is_file())
+
+
+def n_planned_clusters(model_path: Path) -> int | None:
+    """Number of clusters the manifest lists (None before the manifest is written)."""
+    try:
+        from kahm_dask.pipeline.stores.manifest import read_manifest
+
+        return len(read_manifest(model_path)["clusters"])
+    except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def zarr_arrays(root: Path) -> dict[str, np.ndarray]:
+    """Every Zarr array under ``root``, by its path relative to ``root``."""
+    import zarr
+
+    out = {}
+    for meta in sorted(Path(root).rglob("zarr.json")):
+        node = json.loads(meta.read_text())
+        if node.get("node_type") == "array":
+            out[str(meta.parent.relative_to(root))] = zarr.open_array(meta.parent, mode="r")[...]
+    return out
+
+
+def zarr_attrs(root: Path) -> dict[str, dict]:
+    """The attributes of every Zarr node under ``root``, by its path relative to ``root``."""
+    out = {}
+    for meta in sorted(Path(root).rglob("zarr.json")):
+        out[str(meta.parent.relative_to(root))] = json.loads(meta.read_text()).get("attributes", {})
+    return out
+
+
+def run_fingerprint(model_path: Path, pred_path: Path | None = None) -> dict:
+    """Arrays and attributes of the complete clusters (+ predictions), for bitwise comparison."""
+    model_path = Path(model_path)
+    clusters = sorted(d for d in (model_path / "clusters").iterdir() if (d / "_COMPLETE.json").is_file())
+    fp = {"manifest": zarr_attrs(model_path)["."], "clusters": [d.name for d in clusters]}
+    for d in clusters:
+        fp[f"arrays/{d.name}"] = zarr_arrays(d)
+        fp[f"attrs/{d.name}"] = zarr_attrs(d)
+    if pred_path is not None:
+        fp["predictions"] = zarr_arrays(Path(pred_path))
+        fp["prediction_attrs"] = zarr_attrs(Path(pred_path))
+    return fp
+
+
+def assert_same_fingerprint(a: dict, b: dict) -> None:
+    """Bit-for-bit equality of two fingerprints (dtype, shape and every byte of every array)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        if key.startswith("arrays/") or key == "predictions":
+            assert a[key].keys() == b[key].keys(), key
+            for name, arr in a[key].items():
+                other = b[key][name]
+                assert arr.dtype == other.dtype and arr.shape == other.shape, (key, name)
+                assert arr.tobytes() == other.tobytes(), f"{key}/{name} differs"
+        else:
+            assert a[key] == b[key], key
+
+
+def assert_same_deep(a, b) -> None:
+    """Two fitted DeepKAHMs have bit-identical state (every stored array and scalar) and parameters."""
+    (states_a, meta_a), (states_b, meta_b) = a.to_state(), b.to_state()
+    assert meta_a == meta_b and len(states_a) == len(states_b)
+    for (arr_a, sc_a), (arr_b, sc_b) in zip(states_a, states_b, strict=True):
+        assert sc_a == sc_b
+        assert arr_a.keys() == arr_b.keys()
+        assert all(arr_a[k].tobytes() == arr_b[k].tobytes() for k in arr_a)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """``call(ctx)`` must raise ``exc`` with a message matching ``problem`` (and ``fix``)."""
+
+    call: Callable
+    exc: type[BaseException] | tuple[type[BaseException], ...]
+    problem: str
+    fix: str | None = None
+
+
+def assert_rejects(case: Rejection, ctx: Any) -> None:
+    """Run a :class:`Rejection`: the exception, a message naming the problem and the fix."""
+    with pytest.raises(case.exc) as info:
+        case.call(ctx)
+    message = str(info.value)
+    assert re.search(case.problem, message, re.I), f"problem not named in: {message}"
+    if case.fix is not None:
+        assert re.search(case.fix, message, re.I), f"fix not named in: {message}"

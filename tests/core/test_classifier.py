@@ -12,8 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from kahm_dask import KAHMClassifier, WideKAHM, class_matching_scores
-
-from .._oracle_data import three_blobs as _blobs
+from tests._kit import three_blobs as _blobs
 
 
 def _spiral(u: np.ndarray, c: int) -> np.ndarray:

@@ -34,8 +34,7 @@ from kahm_dask.privacy.membership import (
 )
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import InsecureSeededRandom, PrivacyLeakWarning, SecureRandom
-
-from .._objects import reachable_arrays
+from tests._kit import reachable_arrays
 
 EPS = 2.0
 N_COMP, N_LAYERS = 20, 5

@@ -29,8 +29,7 @@ from kahm_dask.privacy.fabrication import (
 )
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import InsecureSeededRandom, PrivacyLeakWarning
-
-from .._oracle_data import three_blobs as _blobs
+from tests._kit import three_blobs as _blobs
 
 N_COMP = 5  # n of the smoother oracles
 

@@ -34,7 +34,7 @@ from kahm_dask.privacy.ledger import (
 )
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
-from tests._ledgers import ledger_of
+from tests._kit import ledger_of
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ from kahm_dask.storage.atomic import (
     write_text_atomic,
 )
 from kahm_dask.storage.location import as_location
-from tests._staging import interrupt_after_training
+from tests._kit import interrupt_after_training
 
 RNG = np.random.default_rng(5)
 

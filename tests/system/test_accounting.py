@@ -28,7 +28,7 @@ from kahm_dask.pipeline.training import NOISY, TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import BudgetExceededError
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.locks import FolderBusyError, exclusive
-from tests._ledgers import ledger_of
+from tests._kit import ledger_of
 
 PIPELINE = """\
 name: accounting

@@ -26,19 +26,19 @@ import zarr
 from kahm_dask.pipeline.cluster import BLAS_ENV
 from kahm_dask.pipeline.stores.dataset import open_dataset
 from kahm_dask.pipeline.stores.model import load_cluster
-
-from .._cluster import wait_for
-from .._ledgers import ledger_of
-from .conftest import (
+from tests._kit import (
+    SYNTHETIC_RUN,
     RowScanner,
     assert_same_fingerprint,
     complete_clusters,
+    ledger_of,
     n_planned_clusters,
-    pipeline_yaml,
+    pipeline_file,
     run_fingerprint,
     run_stores,
     staged_model,
     start_from_noise_of,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,8 @@ def test_killed_run_resumes_to_the_same_model(tmp_path, how, baseline_run, basel
     # the baseline's seed so that the result can be compared with the baseline.
     drawn_seed = how.startswith("SIGKILL")
     start_from_noise_of(baseline_run, tmp_path / "run")
-    cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", n_workers=2, seed=None if drawn_seed else 11)
+    cfg = pipeline_file(tmp_path / "p.yaml", **{**SYNTHETIC_RUN, "seed": None if drawn_seed else 11},
+                        output=tmp_path / "run")
     seed_file = tmp_path / "run" / "owner" / "work" / "kmeans_seed.json"
     if drawn_seed:
         seed_file.write_text(json.dumps({"seed": 11}))

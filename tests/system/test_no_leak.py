@@ -38,8 +38,7 @@ from kahm_dask.pipeline.training import train as train_mod
 from kahm_dask.pipeline.training.tasks import GROUPED_X
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
-
-from .conftest import RowScanner, assert_same_fingerprint, run_fingerprint
+from tests._kit import RowScanner, assert_same_fingerprint, run_fingerprint
 
 
 @pytest.fixture(scope="module")

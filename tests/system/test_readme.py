@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
-README = (ROOT / "README.md").read_text()
+from tests._kit import README as README_FILE
+from tests._kit import REPO as ROOT
+
+README = README_FILE.read_text()
 
 
 def _blocks(heading: str, language: str) -> list[str]:

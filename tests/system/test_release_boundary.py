@@ -20,11 +20,8 @@ import kahm_dask.pipeline.runs.report as report_mod
 from kahm_dask.datasets import load_bundled
 from kahm_dask.pipeline.config import load_config
 from kahm_dask.pipeline.stores.dataset import open_dataset
-
-from ..reliability.conftest import RowScanner
-from ..reliability.conftest import _arrays as _zarr_arrays
-
-REPO = Path(__file__).resolve().parents[2]
+from tests._kit import REPO, RowScanner
+from tests._kit import zarr_arrays as _zarr_arrays
 
 
 def _row_keys(X: np.ndarray) -> set[bytes]:

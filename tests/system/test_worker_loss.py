@@ -23,19 +23,20 @@ from distributed import Client
 
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
 from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
-
-from .._cluster import subprocess_cluster, wait_for
-from .conftest import (
+from tests._kit import (
+    SYNTHETIC_RUN,
     assert_same_fingerprint,
     complete_clusters,
     n_planned_clusters,
-    pipeline_yaml,
+    pipeline_file,
     run_fingerprint,
     run_pipeline_file,
     run_stores,
     sigkill,
     staged_model,
     start_from_noise_of,
+    subprocess_cluster,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,8 @@ def test_worker_killed_mid_training(tmp_path, baseline_run, baseline_fingerprint
     model, pred = run_stores(tmp_path / "run")
     staged = staged_model(tmp_path / "run")  # the clusters are written there until the run completes
     with subprocess_cluster(tmp_path / "cluster", 2) as cluster, Client(cluster.address) as client:
-        cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", scheduler=cluster.address)
+        cfg = pipeline_file(tmp_path / "p.yaml", **{**SYNTHETIC_RUN, "cluster": {"scheduler": cluster.address}},
+                            output=tmp_path / "run")
         job = Background(lambda: run_pipeline_file(cfg, client))
         wait_for(lambda: complete_clusters(staged) >= 1 or not job.thread.is_alive(), 300,
                  "no cluster finished")

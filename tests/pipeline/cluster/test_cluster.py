@@ -30,9 +30,9 @@ from kahm_dask.pipeline.cluster import (
     local_cluster,
 )
 from kahm_dask.pipeline.config import ClusterConfig, ConfigError
-from tests._cluster import start_session, stop_sessions
+from tests._kit import CLUSTER_CONFIGS as CONFIG_DIR
+from tests._kit import make_authority, start_session, stop_sessions
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "cluster_configs"
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -232,8 +232,6 @@ def test_shipped_remote_config_address():
 
 def test_shipped_remote_tls_config_loads_with_its_certificates(tmp_path, monkeypatch):
     """remote_tls.yaml names tls/*.pem relative to the working directory; they must exist."""
-    from tests._tls import make_authority
-
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="invalid value for 'tls.ca_file' in .*remote_tls.yaml: no such file"):
         load_cluster_config(CONFIG_DIR / "remote_tls.yaml")

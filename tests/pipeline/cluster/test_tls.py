@@ -45,11 +45,9 @@ from kahm_dask.pipeline.config.sections import ClusterTLSConfig, TLSConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
-from tests._cluster import free_port, start_session, stop_sessions
-from tests._ledgers import ledger_of
-from tests._tls import Authority, make_authority
+from tests._kit import REPO as ROOT
+from tests._kit import Authority, free_port, ledger_of, make_authority, start_session, stop_sessions
 
-ROOT = Path(__file__).resolve().parents[2]
 DASK = [sys.executable, "-m", "dask"]
 SEED = 0
 N_COMPONENTS = 20

@@ -18,6 +18,7 @@ from kahm_dask.pipeline.config import (
     SyntheticConfig,
     load_config,
 )
+from tests._kit import PIPELINES
 
 MINIMAL = {"name": "digits", "output": "runs/digits", "data": {"source": "sklearn:digits"}}
 
@@ -443,13 +444,13 @@ def test_override_paths_are_relative_to_cwd(in_tmp):
     assert cfg.output == Path(os.getcwd()) / "elsewhere"
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "pipelines").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in PIPELINES.glob("*.yaml")))
 def test_shipped_pipeline_files_are_valid(name):
     """Every pipeline file in pipelines/ loads and validates (the federated ones by their own
     schema); file sources need not exist until the run ingests them."""
     from kahm_dask.pipeline.config.sections import load_federated_config
 
-    path = Path(__file__).parents[2] / "pipelines" / name
+    path = PIPELINES / name
     cfg = (load_federated_config if name.startswith("federated") else load_config)(path)
     assert cfg.name and cfg.output
 
@@ -464,7 +465,7 @@ def test_breast_cancer_pipeline_says_its_bounds_are_data_derived_and_warns():
     from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING
     from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
-    path = Path(__file__).parents[2] / "pipelines" / "breast_cancer.yaml"
+    path = PIPELINES / "breast_cancer.yaml"
     assert "DATA-DERIVED" in path.read_text()
     cfg = load_config(path)
     assert cfg.data.bounds is None and cfg.data.scale == "minmax"
@@ -481,7 +482,7 @@ def test_shipped_dp_pipelines_use_public_bounds(name):
     from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
     from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
-    cfg = load_config(Path(__file__).parents[2] / "pipelines" / name)
+    cfg = load_config(PIPELINES / name)
     assert cfg.privacy.epsilon is not None and cfg.privacy.delta == 0
     assert cfg.privacy.r_source == "passes" and cfg.privacy.cluster_on == "noisy"
     with warnings.catch_warnings():
@@ -495,12 +496,12 @@ def test_shipped_dp_pipelines_use_public_bounds(name):
 
 
 def test_large_synthetic_bounds_are_the_generators_range():
-    cfg = load_config(Path(__file__).parents[2] / "pipelines" / "large_synthetic.yaml")
+    cfg = load_config(PIPELINES / "large_synthetic.yaml")
     assert cfg.data.bounds == [0, 1] and cfg.data.scale == "none"
 
 
 def test_own_npz_template_asks_for_bounds():
-    text = (Path(__file__).parents[2] / "pipelines" / "own_npz.yaml").read_text()
+    text = (PIPELINES / "own_npz.yaml").read_text()
     assert "# bounds: [0, 255]" in text and "FILL IN" in text
-    cfg = load_config(Path(__file__).parents[2] / "pipelines" / "own_npz.yaml")
+    cfg = load_config(PIPELINES / "own_npz.yaml")
     assert cfg.data.bounds is None  # until the owner fills it in: the warning path

@@ -34,7 +34,7 @@ import kahm_dask.pipeline.predict as predict_mod
 from kahm_dask import DaskKAHMClassifier, KAHMClassifier
 from kahm_dask.params import RuleError
 from kahm_dask.pipeline.stores.dataset import write_dataset
-from tests._ledgers import ledger_of
+from tests._kit import ledger_of
 
 SEED = 0
 NOISE_SEED = 123

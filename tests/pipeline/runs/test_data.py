@@ -18,7 +18,7 @@ from kahm_dask.pipeline.runs.data import feature_bounds, prepare_stores, raw_bou
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
-from tests._ledgers import ledger_of
+from tests._kit import ledger_of
 
 
 def _cfg(tmp_path, data: dict, epsilon=2.0) -> PipelineConfig:

@@ -40,9 +40,8 @@ from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.training import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
-from tests._ledgers import ledger_of
+from tests._kit import PIPELINES, ledger_of
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 NOISE_SEED = 13  # test-only: both paths draw site q's noise from site_noise_seed(13, q)
 
 # ------------------------------------------------------------------ what each site's model sees

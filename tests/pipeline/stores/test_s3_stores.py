@@ -29,8 +29,7 @@ from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import MANIFEST_KEY, read_manifest
 from kahm_dask.pipeline.stores.model import cluster_done
 from kahm_dask.storage.location import COMPLETE_FILE, as_location
-from tests._cluster import free_port
-from tests._ledgers import ledger_of
+from tests._kit import free_port, ledger_of
 
 BUCKET = "kahm-test"
 SEED = 0

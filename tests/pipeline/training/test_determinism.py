@@ -25,10 +25,10 @@ from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
-
-from .conftest import (
+from tests._kit import (
+    SYNTHETIC_RUN,
     assert_same_fingerprint,
-    pipeline_yaml,
+    pipeline_file,
     run_fingerprint,
     run_pipeline_file,
     run_stores,
@@ -102,7 +102,7 @@ def test_pipeline_same_seed_same_noisy_rows_same_bits(tmp_path, blobs):
 @pytest.mark.slow
 def test_pipeline_one_worker_equals_two_workers(tmp_path, baseline_run, baseline_fingerprint):
     start_from_noise_of(baseline_run, tmp_path / "run")
-    cfg = pipeline_yaml(tmp_path / "p.yaml", tmp_path / "run", n_workers=1)
+    cfg = pipeline_file(tmp_path / "p.yaml", **{**SYNTHETIC_RUN, "cluster.n_workers": 1}, output=tmp_path / "run")
     run_pipeline_file(cfg)
     one = run_fingerprint(*run_stores(tmp_path / "run"))
     assert_same_fingerprint(baseline_fingerprint, one)

@@ -29,8 +29,7 @@ from kahm_dask.privacy.ledger import BudgetChangeError, BudgetExceededError
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning, SecureRandom
 from kahm_dask.recipe import TrainParams
-from tests._ledgers import ledger_of
-from tests._staging import interrupt_after_training
+from tests._kit import interrupt_after_training, ledger_of
 
 
 @pytest.fixture

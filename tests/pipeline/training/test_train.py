@@ -31,9 +31,7 @@ from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
-
-from .._cluster import subprocess_cluster
-from .._staging import interrupt_after_training
+from tests._kit import interrupt_after_training, subprocess_cluster
 
 
 @pytest.fixture(scope="module")
