@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from kahm_dask import KAHMClassifier, WideKAHM, class_matching_scores
 from tests._kit import three_blobs as _blobs
@@ -248,38 +246,15 @@ def test_bad_input_raises():
 
 
 # --------------------------------------------------------------------------- digits
-def _digits_split():
-    X, y = load_digits(return_X_y=True)
-    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, stratify=y, random_state=0)
-    lo, hi = Xtr.min(axis=0), Xtr.max(axis=0)
-    span = hi - lo
-    const = span == 0
-    span[const] = 1.0
-
-    def scale(A):
-        out = (A - lo) / span
-        out[:, const] = 0.0  # constant features → 0
-        return out
-
-    return scale(Xtr), scale(Xte), ytr, yte
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return _digits_split()
-
-
 def _digits_accuracy(digits, n_layers):
-    Xtr, Xte, ytr, yte = digits
     clf = KAHMClassifier(n_components=20, n_layers=n_layers, block_size=1000, random_state=0)
-    return clf.fit(Xtr, ytr).score(Xte, yte)
+    return clf.fit(digits.X_train, digits.y_train).score(digits.X_test, digits.y_test)
 
 
 def test_digits_acceptance(digits):
     """Digits acceptance: n = 20, L = 5, N_b = 1000, stratified 70/30 split (seed 0), features
-    scaled to [0, 1] by the training split: test accuracy ≥ 0.99."""
-    Xtr, Xte, _, _ = digits
-    assert Xtr.min() == 0.0 and Xtr.max() == 1.0
+    scaled to [0, 1] by the public bounds 0–16: test accuracy ≥ 0.99."""
+    assert digits.X_train.min() == 0.0 and digits.X_train.max() == 1.0 and digits.bounds.public
     assert _digits_accuracy(digits, 5) >= 0.99
 
 

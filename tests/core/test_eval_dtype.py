@@ -24,7 +24,6 @@ from distributed import Client, LocalCluster
 
 from kahm_dask import KAHM, DaskKAHMClassifier, DeepKAHM, DegenerateWeightsWarning, KAHMClassifier, WideKAHM
 from kahm_dask.cli import main
-from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.estimator.stores import params_from_manifest, stored_params
@@ -57,11 +56,6 @@ def _assert_float32_of(D32: np.ndarray, D64: np.ndarray) -> None:
 def _max_row_rel(a: np.ndarray, b: np.ndarray) -> float:
     """Largest ‖a_i − b_i‖ / ‖b_i‖ over the rows of images (m, p)."""
     return float(np.max(np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)))
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"))
 
 
 @pytest.fixture(scope="module")

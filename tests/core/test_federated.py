@@ -12,7 +12,6 @@ from sklearn.base import BaseEstimator
 
 import kahm_dask.federated as federated
 from kahm_dask import KAHMClassifier
-from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import (
     MIN_ROWS_PER_CLASS,
     FederatedClassifier,
@@ -32,12 +31,6 @@ from kahm_dask.privacy.membership import membership_evaluation
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 N_COMP, N_LAYERS = 10, 2
-
-
-@pytest.fixture(scope="module")
-def digits():
-    # scaled by the public pixel range 0..16, so every feature lies in the public bounds [0, 1]
-    return split_and_scale(*load_bundled("digits"), split_seed=0, bounds=PUBLIC_BOUNDS["digits"])
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from kahm_dask import KAHMClassifier, WideKAHM
-from kahm_dask.datasets import load_bundled, make_class_blobs, split_and_scale
+from kahm_dask.datasets import make_class_blobs
 from kahm_dask.partition import kmeans_partition, kmeans_space
 from kahm_dask.routing import nearest_centres, rows_per_centre
 
@@ -72,11 +72,6 @@ def test_centres_are_the_branch_means(wide):
     model, _ = wide
     assert model.centres_.shape == (model.n_branches_, model.n_features_in_)
     np.testing.assert_array_equal(model.centres_[1], model.branches_[1].layers_[-1].mean_)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"))
 
 
 def test_classifier_routing_exhaustive_and_close(digits):

@@ -25,7 +25,6 @@ import pytest
 
 from kahm_dask import KAHMClassifier
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
-from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PUBLIC
 from kahm_dask.privacy.fabrication import DEFAULT_PASSES, fabricate, modelling_error
 from kahm_dask.privacy.ledger import BudgetExceededError, PrivacyLedger
@@ -35,16 +34,6 @@ from kahm_dask.privacy.randomness import InsecureSeededRandom, PrivacyLeakWarnin
 EPS = 2.0
 N_COMP, N_LAYERS = 20, 1  # the release does not depend on the depth: keep the fits fast
 P = 64
-
-
-@pytest.fixture(scope="module")
-def digits():
-    split = split_and_scale(
-        *load_bundled("digits"), test_size=0.3, split_seed=0, bounds=PUBLIC_BOUNDS["digits"]
-    )
-    # every entry is one of the 17 grey levels g/16, exactly
-    assert np.array_equal(np.rint(split.X_train * 16) / 16, split.X_train)
-    return split
 
 
 def _dp(X, y, **kw) -> KAHMClassifier:
@@ -283,6 +272,7 @@ def test_floating_point_attack_recovers_nothing(digits):
     likelihoods within e^ε of each other (exactly, from the discrete Laplace pmf)."""
     X, y = digits.X_train, digits.y_train
     grey = np.rint(X * 16).astype(np.int64)
+    np.testing.assert_array_equal(grey / 16, X)  # every entry is one of the 17 grey levels g/16, exactly
 
     # positive control on 100 rows of the old release
     old = _old_release(X[:100], EPS, 0)

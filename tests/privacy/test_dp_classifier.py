@@ -22,7 +22,6 @@ import pytest
 from scipy.spatial.distance import cdist
 
 from kahm_dask import KAHMClassifier
-from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.kernel import gaussian_kernel_matrix
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
 from kahm_dask.privacy.fabrication import DEFAULT_PASSES, fabricate
@@ -45,15 +44,6 @@ NOISE_SEED = 0
 # ---------------------------------------------------------------------------------------------
 # fixtures: digits and the fitted models, shared by the whole module
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def digits():
-    """Stratified 70/30 split with seed 0, pixel counts 0–16 to [0, 1] by the public bounds."""
-    return split_and_scale(
-        *load_bundled("digits"), test_size=0.3, split_seed=0, scale=True,
-        bounds=PUBLIC_BOUNDS["digits"],
-    )
 
 
 _CACHE: dict = {}

@@ -23,7 +23,6 @@ import pytest
 from sklearn.base import clone
 
 from kahm_dask import DaskKAHMClassifier, KAHMClassifier, PrivacyLedger
-from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.privacy.fingerprint import combine, fingerprint, partial_sums
 from kahm_dask.privacy.ledger import (
     LEDGER_DIR_ENV,
@@ -35,11 +34,6 @@ from kahm_dask.privacy.ledger import (
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from tests._kit import ledger_of
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
 
 
 def _dp(**kw) -> KAHMClassifier:

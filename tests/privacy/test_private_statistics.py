@@ -55,9 +55,8 @@ def test_scaling_by_the_private_min_max_moves_a_whole_column():
     assert c.bounds.public and tuple(c.bounds) == (0.0, 1.0)
 
 
-def test_a_fit_on_privately_scaled_features_warns_and_names_it():
-    with pytest.warns(PrivacyLeakWarning):
-        split = split_and_scale(*load_bundled("digits"))
+def test_a_fit_on_privately_scaled_features_warns_and_names_it(digits_private_scaling):
+    split = digits_private_scaling
     with pytest.warns(PrivacyLeakWarning, match="scaled by the training rows' min and max"):
         clf = _fit(split, bounds=split.bounds)
     statement = clf.privacy_statement_
@@ -65,8 +64,8 @@ def test_a_fit_on_privately_scaled_features_warns_and_names_it():
     assert "Settings that weaken it:** none" not in statement.to_markdown()
 
 
-def test_public_bounds_give_a_statement_in_raw_units_too():
-    split = split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
+def test_public_bounds_give_a_statement_in_raw_units_too(digits):
+    split = digits
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyLeakWarning)
         statement = _fit(split, bounds=split.bounds).privacy_statement_
@@ -78,8 +77,8 @@ def test_public_bounds_give_a_statement_in_raw_units_too():
     assert "| ε per record (64 features) | 128 |" in md and statement.epsilon_per_record == 128
 
 
-def test_a_callers_partition_is_assumed_private_unless_declared_public():
-    split = split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
+def test_a_callers_partition_is_assumed_private_unless_declared_public(digits):
+    split = digits
     partition = np.zeros(len(split.y_train), dtype=np.int64)
     clf = KAHMClassifier(n_components=10, epsilon=2.0, bounds=split.bounds, random_state=0, ledger=PrivacyLedger())
     with pytest.warns(PrivacyLeakWarning, match="partition"):

@@ -20,7 +20,6 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from kahm_dask import DaskKAHMClassifier
-from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.cluster.sites import site_cluster
 from kahm_dask.pipeline.config import ClusterConfig
@@ -70,8 +69,8 @@ class _Keys(SchedulerPlugin):
         self.keys.add(str(key))
 
 
-def test_no_task_key_is_derived_from_the_private_rows(tmp_path):
-    split = split_and_scale(*load_bundled("digits"), bounds=PUBLIC_BOUNDS["digits"])
+def test_no_task_key_is_derived_from_the_private_rows(tmp_path, digits):
+    split = digits
     X = split.X_test
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
             Client(cluster) as client:

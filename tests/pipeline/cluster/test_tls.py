@@ -73,11 +73,6 @@ def _client_security(authority: Authority, name: str = "client") -> Security:
 
 
 @pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"))
-
-
-@pytest.fixture(scope="module")
 def reference(digits) -> KAHMClassifier:
     """The in-memory model the estimator must reproduce."""
     return KAHMClassifier(n_components=N_COMPONENTS, random_state=SEED).fit(digits.X_train, digits.y_train)

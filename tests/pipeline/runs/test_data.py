@@ -79,10 +79,10 @@ def test_tanh255_implies_pixel_bounds(tmp_path):
     assert source == BOUNDS_PUBLIC and np.allclose(upper, np.tanh(1.0)) and np.all(lower == 0)
 
 
-def test_minmax_without_bounds_is_private_and_warns(tmp_path):
+def test_minmax_without_bounds_is_private_and_warns(tmp_path, digits_private_scaling):
     cfg = _cfg(tmp_path, {"source": "sklearn:digits"})
     train, _ = prepare_stores(cfg, tmp_path / "run")
-    np.testing.assert_array_equal(train.X().compute(), split_and_scale(*load_bundled("digits"), split_seed=0).X_train)
+    np.testing.assert_array_equal(train.X().compute(), digits_private_scaling.X_train)
     assert "feature_range" not in train.attrs
     with pytest.warns(PrivacyLeakWarning, match="data.bounds"):
         settings = settings_from_config(cfg, train)

@@ -25,7 +25,6 @@ from distributed import Client, get_task_stream, get_worker
 import kahm_dask.pipeline.predict as predict_module
 import kahm_dask.pipeline.stores.sources as store_module
 from kahm_dask import KAHMClassifier
-from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
 from kahm_dask.federated import FederatedClassifier, fit_sites, split_sites
 from kahm_dask.pipeline.cluster.sites import check_site_resources, connect_federated, site_cluster
 from kahm_dask.pipeline.config import ConfigError
@@ -79,12 +78,6 @@ def _recording_store_block(block: np.ndarray, x, start: int):
 
 def _row_set(X) -> set:
     return {row.tobytes() for row in np.asarray(X, dtype=np.float64)}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    # as the pipeline prepares it: public bounds [0, 16] mapped to [0, 1]
-    return split_and_scale(*load_bundled("digits"), split_seed=0, bounds=PUBLIC_BOUNDS["digits"])
 
 
 def _halves(y_site: np.ndarray) -> np.ndarray:

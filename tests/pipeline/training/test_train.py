@@ -22,7 +22,6 @@ from distributed import Client
 
 from kahm_dask import KAHMClassifier
 from kahm_dask.cli import main
-from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.partition import kmeans_partition
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, predict_to_store
 from kahm_dask.pipeline.stores.dataset import write_dataset
@@ -39,11 +38,6 @@ def scheduler_address(tmp_path_factory):
     """A real `dask scheduler` and two `dask worker` processes (with nannies) on 127.0.0.1."""
     with subprocess_cluster(tmp_path_factory.mktemp("cluster"), 2, nanny=True) as cluster:
         yield cluster.address
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return split_and_scale(*load_bundled("digits"), split_seed=0)
 
 
 def _within_class_partition(X, y, block_size, seed=0):
