@@ -96,7 +96,7 @@ MINIMAL_PIPELINE = {"name": "test", "output": "run", "data": {"source": "sklearn
 
 def pipeline_dict(**overrides) -> dict:
     """:data:`MINIMAL_PIPELINE` with each dotted key of ``overrides`` set (sections created as
-    needed; a section given as a whole replaces it), e.g.
+    needed; a section given as a whole replaces it; paths become strings), e.g.
     ``pipeline_dict(**{"privacy.epsilon": 2.0, "data.source": "sklearn:digits"})``."""
     config = copy.deepcopy(MINIMAL_PIPELINE)
     for dotted, value in overrides.items():
@@ -106,7 +106,7 @@ def pipeline_dict(**overrides) -> dict:
             if not isinstance(node.get(name), dict):
                 node[name] = {}
             node = node[name]
-        node[last] = copy.deepcopy(value)
+        node[last] = _plain(copy.deepcopy(value))
     return config
 
 
@@ -130,7 +130,7 @@ def pipeline_file(where: str | os.PathLike[str], **overrides) -> Path:
     path = where if where.suffix in (".yaml", ".yml") else where / "pipeline.yaml"
     config = pipeline_dict(**{"output": path.parent / "run", **overrides})
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 

@@ -29,6 +29,7 @@ from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.estimator.stores import params_from_manifest, stored_params
 from kahm_dask.pipeline.predict import DISTANCES, class_distance_array
 from kahm_dask.pipeline.stores.dataset import write_dataset
+from tests._kit import pipeline_dict
 
 #: Tolerance of float32 against float64 (relative, per distance and per image row norm); the
 #: measured maxima are ~4e-6 on digits and ~4e-7 on the random case.
@@ -249,8 +250,7 @@ def test_dask_classifier_float32_predicts_as_kahm_classifier(client, classifiers
 
 
 def test_pipeline_file_and_old_manifests(stored):
-    cfg = PipelineConfig.from_dict({"name": "t", "output": "runs/t", "data": {"source": "sklearn:iris"},
-                                    "model": {"eval_dtype": "float32"}}, base_dir=".")
+    cfg = PipelineConfig.from_dict(pipeline_dict(**{"model.eval_dtype": "float32"}), base_dir=".")
     assert cfg.model.eval_dtype == "float32"
     assert DaskKAHMClassifier.from_config(cfg).eval_dtype == "float32"
     path, est = stored

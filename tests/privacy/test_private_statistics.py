@@ -25,6 +25,7 @@ from kahm_dask.pipeline.runs.data import scaled_d
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC, Scaling
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.privacy.statement import CALLER_PARTITION, PRIVATE_SCALING
+from tests._kit import pipeline_dict
 
 
 def _fit(split, **kw):
@@ -90,11 +91,14 @@ def test_a_callers_partition_is_assumed_private_unless_declared_public(digits):
     assert clf.privacy_statement_.weakenings == []
 
 
+#: A DP pipeline file on digits with public bounds (pipeline_dict overrides; privacy.d is added).
+DIGITS_D = {"privacy.epsilon": 2.0, "data.source": "sklearn:digits", "data.bounds": [0, 16]}
+
+
 def test_privacy_d_is_in_raw_units():
     """``privacy.d: 8`` for digits counted 0-16 covers a change of 8 counts: 0.5 of the scaled
     features (it was applied as 8 scaled units, 8 times the bound width)."""
-    cfg = PipelineConfig.from_dict({"name": "t", "output": "runs/t", "privacy": {"epsilon": 2.0, "d": 8},
-                                    "data": {"source": "sklearn:digits", "bounds": [0, 16]}}, base_dir=".")
+    cfg = PipelineConfig.from_dict(pipeline_dict(**DIGITS_D, **{"privacy.d": 8}), base_dir=".")
     assert scaled_d(cfg.data, 8, 64) == 0.5
     assert scaled_d(cfg.data, None, 64) is None  # the width
     tanh = Scaling("tanh255", 0.0, 255.0)
@@ -104,8 +108,7 @@ def test_privacy_d_is_in_raw_units():
 def test_the_run_turns_raw_d_into_feature_units(tmp_path):
     from kahm_dask.pipeline.runs.data import prepare_stores
 
-    cfg = PipelineConfig.from_dict({"name": "t", "output": str(tmp_path), "privacy": {"epsilon": 2.0, "d": 4},
-                                    "data": {"source": "sklearn:digits", "bounds": [0, 16]}}, base_dir=".")
+    cfg = PipelineConfig.from_dict(pipeline_dict(**DIGITS_D, **{"privacy.d": 4}, output=tmp_path), base_dir=".")
     train, _ = prepare_stores(cfg, tmp_path)
     estimator, source = estimator_from_config(cfg, train)
     assert estimator.d == 0.25 and source == BOUNDS_PUBLIC and estimator.bounds.scaling.kind == "minmax"

@@ -28,26 +28,12 @@ from kahm_dask.pipeline.training import NOISY, TrainSettings, train_pipeline
 from kahm_dask.privacy.ledger import BudgetExceededError
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.locks import FolderBusyError, exclusive
-from tests._kit import ledger_of
+from tests._kit import ledger_of, pipeline_file
 
-PIPELINE = """\
-name: accounting
-output: {output}
-data:
-  source: sklearn:digits
-  bounds: [0, 16]
-model:
-  n_components: 5
-privacy:
-  epsilon: 2.0
-evaluate:
-  membership: false
-report:
-  plots: false
-cluster:
-  n_workers: 1
-  processes: false
-"""
+#: A DP run (pipeline_file overrides): digits with public bounds, ε = 2, one threaded worker.
+PIPELINE = {"name": "accounting", "data.source": "sklearn:digits", "data.bounds": [0, 16], "model.n_components": 5,
+            "privacy.epsilon": 2.0, "evaluate.membership": False, "report.plots": False, "cluster.n_workers": 1,
+            "cluster.processes": False}
 
 
 @pytest.fixture
@@ -95,9 +81,9 @@ def test_a_busy_work_store_is_refused(tmp_path, store):
 def test_a_second_run_on_a_busy_run_folder_is_refused_at_once(tmp_path):
     """Another process holds the run folder (a run in progress): `kahm-dask run` on it exits
     with a one-line message, before ingesting, releasing or charging anything."""
-    (tmp_path / "p.yaml").write_text(PIPELINE.format(output=tmp_path / "run"))
+    cfg = pipeline_file(tmp_path, **PIPELINE)
     with exclusive(tmp_path / "run", "the run folder"):
-        proc = subprocess.run([sys.executable, "-m", "kahm_dask.cli", "run", str(tmp_path / "p.yaml")],
+        proc = subprocess.run([sys.executable, "-m", "kahm_dask.cli", "run", str(cfg)],
                               capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "FolderBusyError: the run folder" in proc.stderr and "in use by another kahm-dask process" in proc.stderr

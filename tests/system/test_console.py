@@ -17,27 +17,16 @@ import dask
 
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import ClusterConfig
+from tests._kit import pipeline_file
 
-PIPELINE = """\
-name: console
-output: {output}
-data:
-  source: sklearn:iris
-model:
-  n_components: 2
-  n_layers: 1
-report:
-  plots: false
-cluster:
-  n_workers: 1
-  processes: true
-"""
+#: The tiny pipeline (pipeline_file overrides): iris, one worker process.
+PIPELINE = {"name": "console", "model.n_components": 2, "model.n_layers": 1, "report.plots": False,
+            "cluster.n_workers": 1, "cluster.processes": True}
 
 
 def _run_cli(tmp_path: Path, *options: str) -> str:
     """`kahm-dask run` on the tiny pipeline; its stdout and stderr (workers included)."""
-    cfg = tmp_path / "console.yaml"
-    cfg.write_text(PIPELINE.format(output=tmp_path / "run"))
+    cfg = pipeline_file(tmp_path / "console.yaml", **PIPELINE)
     proc = subprocess.run(
         [sys.executable, "-m", "kahm_dask.cli", "run", str(cfg), *options],
         capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,

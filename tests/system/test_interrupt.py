@@ -16,24 +16,13 @@ import time
 
 import pytest
 
-PIPELINE = """\
-name: interrupted
-output: {output}
-data:
-  source: sklearn:digits
-  bounds: [0, 16]
-model:
-  n_components: 10
-  block_size: 20
-privacy:
-  epsilon: 2.0
-evaluate:
-  membership: false
-report:
-  plots: false
-cluster:
-  n_workers: 2
-"""
+from tests._kit import pipeline_file
+
+#: A DP run of many small clusters (pipeline_file overrides): digits with public bounds, ε = 2,
+#: block_size 20, two worker processes.
+PIPELINE = {"name": "interrupted", "data.source": "sklearn:digits", "data.bounds": [0, 16],
+            "model.n_components": 10, "model.block_size": 20, "privacy.epsilon": 2.0, "evaluate.membership": False,
+            "report.plots": False, "cluster.n_workers": 2}
 
 
 def _start(cfg) -> subprocess.Popen:
@@ -43,8 +32,7 @@ def _start(cfg) -> subprocess.Popen:
 
 @pytest.mark.timeout(600)
 def test_ctrl_c_prints_one_line_keeps_finished_clusters_and_publishes_nothing(tmp_path):
-    cfg = tmp_path / "p.yaml"
-    cfg.write_text(PIPELINE.format(output=tmp_path / "run"))
+    cfg = pipeline_file(tmp_path, **PIPELINE)
     staged = tmp_path / "run/owner/work/model.zarr/clusters"
     proc = _start(cfg)
     deadline = time.monotonic() + 300

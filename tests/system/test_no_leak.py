@@ -38,7 +38,7 @@ from kahm_dask.pipeline.training import train as train_mod
 from kahm_dask.pipeline.training.tasks import GROUPED_X
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
-from tests._kit import RowScanner, assert_same_fingerprint, run_fingerprint
+from tests._kit import RowScanner, assert_same_fingerprint, pipeline_file, run_fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -76,26 +76,10 @@ def _released(run: Path) -> list[Path]:
 ])
 def test_dp_cli_run_releases_no_training_row(tmp_path, digits, scanner, variant, processes):
     run = tmp_path / "run"
-    cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"""\
-name: leak
-output: {run}
-data:
-  source: sklearn:digits
-  bounds: [0, 16]
-model:
-  n_components: 10
-  n_layers: 2
-privacy:
-  epsilon: 2.0
-  dp_data: {variant}
-evaluate:
-  max_train_rows: 400
-cluster:
-  n_workers: 2
-  processes: {str(processes).lower()}
-  memory_limit: 1GiB
-""")
+    cfg = pipeline_file(tmp_path, name="leak", **{
+        "data.source": "sklearn:digits", "data.bounds": [0, 16], "model.n_components": 10, "model.n_layers": 2,
+        "privacy.epsilon": 2.0, "privacy.dp_data": variant, "evaluate.max_train_rows": 400,
+        "cluster.n_workers": 2, "cluster.processes": processes, "cluster.memory_limit": "1GiB"})
     run.mkdir()
     with open(run / "run.log", "wb") as log:  # the run's whole stdout and stderr, workers included
         proc = subprocess.run([sys.executable, "-m", "kahm_dask.cli", "-v", "run", str(cfg), "--no-progress"],

@@ -10,7 +10,6 @@ in the table changes the cases; a rule added anywhere else breaks them.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from numbers import Integral
@@ -28,6 +27,7 @@ from kahm_dask.partition import n_branches
 from kahm_dask.pipeline.config import ConfigError, ModelConfig, PartitionConfig, PipelineConfig, PrivacyConfig
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.privacy.fabrication import _check_fabrication_options
+from tests._kit import pipeline_dict
 
 #: The name of a table parameter in the pipeline YAML and on the command line, where it differs.
 ALIASES = {"seed": "random_state", "max_iter": "kmeans_max_iter"}
@@ -43,7 +43,6 @@ FUNCTIONS = {
                               {"r_source", "r_value", "cluster_on"}),
 }
 
-MINIMAL = {"name": "t", "output": "runs/t", "data": {"source": "sklearn:iris"}}
 X, Y = np.random.default_rng(0).uniform(size=(20, 3)), np.repeat([0, 1], 10)
 TRAIN = main.commands["train"]
 
@@ -134,11 +133,7 @@ def _estimator(params: dict, name: str, valid: bool, cls: type) -> None:
 
 
 def _config(params: dict, name: str, valid: bool) -> None:
-    d = copy.deepcopy(MINIMAL)
-    for key, value in params.items():
-        *section, last = CONFIG_KEYS[key].split(".")
-        node = d.setdefault(section[0], {}) if section else d
-        node[last] = value
+    d = pipeline_dict(**{CONFIG_KEYS[key]: value for key, value in params.items()})
     if valid:
         PipelineConfig.from_dict(d, base_dir=".")
     else:

@@ -31,6 +31,7 @@ from kahm_dask.pipeline.config import ModelConfig, PartitionConfig, PipelineConf
 from kahm_dask.pipeline.config.sections import estimator_params
 from kahm_dask.pipeline.training import TrainSettings
 from kahm_dask.recipe import TrainParams
+from tests._kit import pipeline_dict
 
 ESTIMATORS = {KAHMClassifier: CLASSIFIER_PARAMS, DaskKAHMClassifier: (*CLASSIFIER_PARAMS, *PARTITION_PARAMS)}
 #: DaskKAHMClassifier's own parameters: where its stores live, not how the model is made.
@@ -81,7 +82,7 @@ def test_the_pipeline_file_declares_the_table_with_its_defaults():
 
 
 def test_a_default_pipeline_file_gives_the_default_estimator():
-    cfg = PipelineConfig.from_mapping({"name": "t", "output": "runs/t", "data": {"source": "sklearn:iris"}})
+    cfg = PipelineConfig.from_mapping(pipeline_dict())
     params = estimator_params(cfg)
     est = DaskKAHMClassifier(**params)
     expected = DaskKAHMClassifier().get_params()

@@ -46,7 +46,7 @@ from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from tests._kit import REPO as ROOT
-from tests._kit import Authority, free_port, ledger_of, make_authority, start_session, stop_sessions
+from tests._kit import Authority, free_port, ledger_of, make_authority, pipeline_file, start_session, stop_sessions
 
 DASK = [sys.executable, "-m", "dask"]
 SEED = 0
@@ -353,15 +353,14 @@ def test_address_and_tls_must_agree(certs, tmp_path):
 
 
 def test_pipeline_file_with_cluster_tls(certs, tmp_path):
-    path = tmp_path / "p.yaml"
-    path.write_text("name: p\noutput: out\ndata: {source: 'sklearn:iris'}\n"
-                    f"cluster:\n  scheduler: tls://127.0.0.1:8786\n  tls: {json.dumps(certs.tls('client'))}\n")
+    path = pipeline_file(tmp_path / "p.yaml", name="p", output="out",
+                         **{"cluster.scheduler": "tls://127.0.0.1:8786", "cluster.tls": certs.tls("client")})
     cfg = load_config(path)
     assert cfg.cluster.tls == ClusterTLSConfig.from_mapping(certs.tls("client"))
     assert cfg.with_overrides() == cfg  # the section round-trips
     plain = cfg.with_overrides(**{"cluster.scheduler": "tcp://127.0.0.1:8786", "cluster.tls": None})
     assert plain.cluster.tls is None
-    path.write_text("name: p\noutput: out\ndata: {source: 'sklearn:iris'}\ncluster: {scheduler: 'tls://h:1'}\n")
+    pipeline_file(path, name="p", output="out", **{"cluster.scheduler": "tls://h:1"})
     with pytest.raises(ConfigError, match=f"missing 'cluster.tls'.* in {path}"):
         load_config(path)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -18,9 +17,11 @@ from kahm_dask.pipeline.config import (
     SyntheticConfig,
     load_config,
 )
-from tests._kit import PIPELINES
+from tests._kit import PIPELINES, pipeline_dict, pipeline_file
 
-MINIMAL = {"name": "digits", "output": "runs/digits", "data": {"source": "sklearn:digits"}}
+#: The minimal file of these tests: a relative output (resolved against the working directory).
+BASE = {"name": "digits", "output": "runs/digits", "data.source": "sklearn:digits"}
+MINIMAL = pipeline_dict(**BASE)
 
 FULL_YAML = """\
 name: full
@@ -117,13 +118,7 @@ def _get(obj, dotted: str):
 
 def _with(dotted: str, value) -> dict:
     """MINIMAL with ``dotted`` set to ``value`` (sections created as needed)."""
-    d = copy.deepcopy(MINIMAL)
-    *parents, last = dotted.split(".")
-    node = d
-    for name in parents:
-        node = node.setdefault(name, {})
-    node[last] = value
-    return d
+    return pipeline_dict(**{**BASE, dotted: value})
 
 
 def _from(d: dict) -> PipelineConfig:
@@ -367,8 +362,7 @@ def test_yaml_duplicate_keys_and_syntax_errors(in_tmp):
 
 
 def test_yaml_error_names_the_file(in_tmp):
-    path = in_tmp / "x.yaml"
-    path.write_text("name: a\noutput: out\ndata: {source: 'sklearn:iris'}\nmodel: {n_componets: 3}\n")
+    path = pipeline_file(in_tmp / "x.yaml", name="a", output="out", **{"model.n_componets": 3})
     with pytest.raises(ConfigError, match=re.escape(f"unknown key 'model.n_componets' in {path}")):
         load_config(in_tmp / "x.yaml")
 
@@ -389,9 +383,7 @@ def test_cluster_config_found_next_to_the_yaml_file(in_tmp):
     pipelines = in_tmp / "pipelines"
     pipelines.mkdir()
     (pipelines / "slurm.yaml").write_text("kind: local\n")
-    (pipelines / "p.yaml").write_text(
-        "name: p\noutput: out\ndata: {source: 'sklearn:iris'}\ncluster: {config: slurm.yaml}\n"
-    )
+    pipeline_file(pipelines / "p.yaml", name="p", output="out", **{"cluster.config": "slurm.yaml"})
     assert load_config(pipelines / "p.yaml").cluster.config == pipelines / "slurm.yaml"
     (in_tmp / "slurm.yaml").write_text("kind: local\n")  # the working directory comes first
     assert load_config(pipelines / "p.yaml").cluster.config == in_tmp / "slurm.yaml"

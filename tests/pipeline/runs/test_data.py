@@ -18,12 +18,12 @@ from kahm_dask.pipeline.runs.data import feature_bounds, prepare_stores, raw_bou
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
-from tests._kit import ledger_of
+from tests._kit import ledger_of, pipeline_dict
 
 
 def _cfg(tmp_path, data: dict, epsilon=2.0) -> PipelineConfig:
-    return PipelineConfig.from_dict({"name": "t", "output": str(tmp_path / "run"), "data": data,
-                                     "privacy": {"epsilon": epsilon}}, base_dir=tmp_path)
+    return PipelineConfig.from_dict(pipeline_dict(output=tmp_path / "run", data=data, **{"privacy.epsilon": epsilon}),
+                                    base_dir=tmp_path)
 
 
 def _npz(tmp_path, X, y):

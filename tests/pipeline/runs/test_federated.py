@@ -39,7 +39,7 @@ from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.training import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
-from tests._kit import PIPELINES, ledger_of
+from tests._kit import PIPELINES, ledger_of, pipeline_file
 
 NOISE_SEED = 13  # test-only: both paths draw site q's noise from site_noise_seed(13, q)
 
@@ -90,39 +90,17 @@ def _halves(y_site: np.ndarray) -> np.ndarray:
     return labels
 
 
-def _config(tmp_path: Path, federation: str, epsilon: float | None) -> FederatedPipelineConfig:
-    path = tmp_path / "fed.yaml"
-    path.write_text(
-        f"""
-name: fed-test
-seed: 4
-output: {tmp_path / 'run'}
-data:
-  source: sklearn:digits
-  bounds: [0, 16]
-model:
-  n_components: 10
-  n_layers: 2
-privacy:
-  epsilon: {'null' if epsilon is None else epsilon}
-  dp_data: noisy
-evaluate:
-  max_train_rows: 150
-report:
-  plots: false
-federation:
-{federation}
-cluster:
-  n_workers: 2
-  processes: false
-"""
-    )
+def _config(tmp_path: Path, federation: dict, epsilon: float | None) -> FederatedPipelineConfig:
+    path = pipeline_file(tmp_path / "fed.yaml", name="fed-test", seed=4, federation=federation, **{
+        "data.source": "sklearn:digits", "data.bounds": [0, 16], "model.n_components": 10, "model.n_layers": 2,
+        "privacy.epsilon": epsilon, "privacy.dp_data": "noisy", "evaluate.max_train_rows": 150,
+        "report.plots": False, "cluster.n_workers": 2, "cluster.processes": False})
     return load_federated_config(path)
 
 
 CASES = [
-    ("  sites: 3\n  split: dirichlet\n  alpha: 1.0\n  split_seed: 2", None),
-    ("  sites: 4\n  split: label_skew\n  classes_per_site: 3\n  pin_sites: true", 2.0),
+    ({"sites": 3, "split": "dirichlet", "alpha": 1.0, "split_seed": 2}, None),
+    ({"sites": 4, "split": "label_skew", "classes_per_site": 3, "pin_sites": True}, 2.0),
 ]
 
 

@@ -11,7 +11,6 @@ training row in the publishable folder (tests/pipeline/test_release_boundary.py 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import dask.array as da
 import numpy as np
@@ -30,7 +29,7 @@ from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
-from tests._kit import interrupt_after_training, subprocess_cluster
+from tests._kit import interrupt_after_training, pipeline_file, subprocess_cluster
 
 
 @pytest.fixture(scope="module")
@@ -122,31 +121,14 @@ def test_max_cluster_rows_bounds_every_task(tmp_path, digits):
     assert summary["n_clusters"] == len(sizes) > 10 * 2
 
 
-def _write_pipeline(tmp_path: Path, extra: str = "", data: str = "") -> Path:
-    cfg = tmp_path / "p.yaml"
-    cfg.write_text(
-        f"""
-name: test-run
-output: {tmp_path / 'run'}
-data:
-  source: sklearn:digits
-  bounds: [0, 16]
-{data}
-model:
-  n_components: 10
-  n_layers: 2
-privacy:
-  epsilon: 2.0
-cluster:
-  n_workers: 1
-  processes: false
-{extra}"""
-    )
-    return cfg
+#: The DP run of the CLI tests (pipeline_file overrides): digits with public bounds, ε = 2, one
+#: threaded worker.
+CLI_RUN = {"name": "test-run", "data.source": "sklearn:digits", "data.bounds": [0, 16], "model.n_components": 10,
+           "model.n_layers": 2, "privacy.epsilon": 2.0, "cluster.n_workers": 1, "cluster.processes": False}
 
 
 def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
-    cfg = _write_pipeline(tmp_path)
+    cfg = pipeline_file(tmp_path, **CLI_RUN)
     result = CliRunner().invoke(main, ["run", str(cfg), "--no-progress"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     run = tmp_path / "run"
@@ -183,7 +165,7 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
 
 
 def test_cli_run_budget_refuses_a_second_release(tmp_path):
-    cfg = _write_pipeline(tmp_path)
+    cfg = pipeline_file(tmp_path, **CLI_RUN)
     runner = CliRunner()
     first = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0"], catch_exceptions=False)
     assert first.exit_code == 0, first.output
@@ -200,11 +182,9 @@ def test_cli_run_budget_refuses_a_second_release(tmp_path):
 
 
 def test_cli_run_without_public_bounds_warns_and_says_so(tmp_path):
-    cfg = _write_pipeline(tmp_path).read_text().replace("  bounds: [0, 16]\n", "")
-    (tmp_path / "q.yaml").write_text(cfg)
+    cfg = pipeline_file(tmp_path, **{k: v for k, v in CLI_RUN.items() if k != "data.bounds"})
     with pytest.warns(PrivacyLeakWarning, match="data.bounds"):
-        result = CliRunner().invoke(main, ["run", str(tmp_path / "q.yaml"), "--no-progress"],
-                                    catch_exceptions=False)
+        result = CliRunner().invoke(main, ["run", str(cfg), "--no-progress"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     statement = (tmp_path / "run" / "public" / "PRIVACY.md").read_text()
     assert "scaled by the training rows' min and max" in statement  # where the bounds came from
@@ -212,7 +192,7 @@ def test_cli_run_without_public_bounds_warns_and_says_so(tmp_path):
 
 
 def test_cli_rejects_unknown_yaml_key(tmp_path):
-    cfg = _write_pipeline(tmp_path, "evaluate:\n  membrship: true\n")
+    cfg = pipeline_file(tmp_path, **CLI_RUN, **{"evaluate.membrship": True})
     result = CliRunner().invoke(main, ["run", str(cfg)])
     assert result.exit_code != 0
     assert "membrship" in result.output
