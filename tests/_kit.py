@@ -3,6 +3,8 @@
 * paths — :data:`REPO`, :data:`PIPELINES`, :data:`CLUSTER_CONFIGS`, :data:`README`;
 * data — :func:`digits_split` (the bundled digits, 70/30, scaled by their public bounds 0–16:
   the ``digits`` fixture), :func:`three_blobs` (the oracle blobs of docs/algorithm.md);
+* the per-cluster recipe — :data:`RECIPE_SETTINGS`, :func:`recipe_data`, :func:`recipe_classifier`,
+  :func:`recipe_params`, :func:`recipe_fits` (shared by the core's and the pipeline task's tests);
 * pipeline files — :func:`pipeline_dict` and :func:`pipeline_file` (a minimal valid pipeline plus
   dotted overrides), :data:`SYNTHETIC_RUN` (the synthetic DP run of the slow tests),
   :func:`run_pipeline_file`;
@@ -14,12 +16,15 @@
 * processes — :func:`free_port`, :func:`start_session`, :func:`stop_sessions`,
   :func:`subprocess_cluster`, :func:`wait_for`, :func:`sigkill`;
 * TLS — :func:`make_authority` (a test CA and the certificates it signs);
-* stores and runs — :func:`leftovers`, :func:`interrupt_after_training`, :func:`run_stores`,
+* stores and runs — :func:`leftovers`, :func:`small_training`, :func:`train_small`,
+  :func:`interrupt_after_training`, :func:`run_stores`,
   :func:`staged_model`, :func:`start_from_noise_of`, :func:`complete_clusters`,
   :func:`n_planned_clusters`, :func:`zarr_arrays`, :func:`run_fingerprint`,
   :func:`assert_same_fingerprint`, :func:`assert_same_deep`;
+* float32 evaluation — :data:`FLOAT32_RTOL`, :func:`max_rel`, :func:`assert_float32_of`;
 * bad input — :class:`Rejection` and :func:`assert_rejects` (a table row: a call, its exception
-  and the patterns its message must match).
+  and the patterns its message must match), :data:`BAD_INPUT_X`, :data:`BAD_INPUT_Y`,
+  :data:`MIXED_LABELS`, :func:`with_entry`, :func:`write_small_stores`.
 
 This module is imported by the core and privacy tests too, which must not load the pipeline,
 Dask or Zarr (tests/system/test_layers.py): those are imported inside the helpers that use them.
@@ -86,6 +91,61 @@ def three_blobs(seed: int, n_train: int = 200, n_test: int = 100, p: int = 5, si
     Xtr = np.vstack([c + sigma * rng.normal(size=(n_train, p)) for c in centres])
     Xte = np.vstack([c + sigma * rng.normal(size=(n_test, p)) for c in centres])
     return Xtr, np.repeat(np.arange(3), n_train), Xte, np.repeat(np.arange(3), n_test), centres
+
+
+# --------------------------------------------------------------------------- the per-cluster recipe
+
+#: The settings of the per-cluster recipe (kahm_dask/recipe.py) that the classifier and the
+#: pipeline's task must build alike: non-private, DP rows as released, fabricated with a fixed
+#: number of passes, fabricated with the private r.
+RECIPE_SETTINGS = {
+    "plain": {},
+    "noisy": {"dp_data": "noisy"},
+    "fabricated": {"r_value": 2},
+    "fabricated-private-r": {"r_source": "private"},
+}
+
+
+def recipe_data(seed: int = 0, n: int = 120, p: int = 5):
+    """Two classes in [0, 1]^p and a within-class partition into two parts of ≥ 2 rows."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat([0, 1], n // 2)
+    X = np.clip(0.5 + 0.15 * rng.normal(size=(n, p)) + 0.2 * y[:, None], 0.0, 1.0)
+    part = np.tile(np.repeat([0, 1], n // 4), 2)
+    return X, y, part
+
+
+def recipe_classifier(kw: dict, dp_data: str | None = None):
+    """The KAHMClassifier of a setting (DP ones with public bounds and the test-only noise seed 3)."""
+    from kahm_dask import KAHMClassifier
+
+    dp = {} if not kw and dp_data is None else {
+        "epsilon": 2.0, "bounds": (0.0, 1.0), "insecure_noise_seed": 3, **kw,
+        **({} if dp_data is None else {"dp_data": dp_data}),
+    }
+    return KAHMClassifier(3, 2, block_size=30, random_state=0, **dp)
+
+
+def recipe_params(kw: dict):
+    """The recipe's TrainParams of a setting."""
+    from kahm_dask.recipe import TrainParams
+
+    if not kw:
+        return TrainParams(3, 2)
+    return TrainParams(3, 2, epsilon=2.0, **kw)
+
+
+def recipe_fits():
+    """``X, y, part, noisy, fitted``: :func:`recipe_data`, the noisy rows of the release (a
+    dp_data="noisy" twin with the same test-only noise seed, by class) and, for every setting of
+    :data:`RECIPE_SETTINGS`, the classifier fitted with the partition ``part``."""
+    from kahm_dask.privacy.randomness import PrivacyLeakWarning
+
+    X, y, part = recipe_data()
+    with ignore_warnings(PrivacyLeakWarning):  # the test-only noise seed and the private r warn
+        noisy = recipe_classifier({}, "noisy").fit(X, y, partition=part).dp_data_
+        out = {name: recipe_classifier(kw).fit(X, y, partition=part) for name, kw in RECIPE_SETTINGS.items()}
+    return X, y, part, noisy, out
 
 
 # --------------------------------------------------------------------------- pipeline files
@@ -588,6 +648,33 @@ def interrupt_after_training(model: Path, work: Path, *lost: tuple[int, int]) ->
     return staged
 
 
+def small_training(directory: Path):
+    """``(store, labels, X)``: 240 rows of 3 blob classes (6 features) as ``directory/s.zarr``
+    and a given partition into two clusters per class (no k-means: fast)."""
+    from kahm_dask.datasets import make_class_blobs
+    from kahm_dask.pipeline.stores.dataset import write_dataset
+
+    X, y = make_class_blobs(240, 6, 3, random_state=1)
+    store = write_dataset(Path(directory) / "s.zarr", X, y, chunk_rows=50)
+    labels = np.zeros(len(y), dtype=np.int64)
+    for c in range(3):
+        rows = np.flatnonzero(y == c)
+        labels[rows[len(rows) // 2 :]] = 1
+    return store, labels, X
+
+
+def train_small(store, labels, directory: Path, **params) -> dict:
+    """Train :func:`small_training`'s store with its partition into ``directory/m.zarr`` (work
+    store ``directory/w``): n = 4, L = 2, ε = 2 with 3 smoother passes, seed 4, unless ``params``."""
+    from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+    from kahm_dask.recipe import TrainParams
+
+    settings = TrainSettings(TrainParams(**{"n_components": 4, "n_layers": 2, "epsilon": 2.0,
+                                            "r_source": "passes", "r_value": 3, **params}), seed=4)
+    return train_pipeline(store, Path(directory) / "m.zarr", Path(directory) / "w", settings, partition=labels,
+                          progress=False)
+
+
 def run_stores(run: Path) -> tuple[Path, Path]:
     """``(model store, predictions)`` of a DP run folder (``public/`` and ``owner/``)."""
     return Path(run) / "public" / "model.zarr", Path(run) / "owner" / "predictions.zarr"
@@ -686,7 +773,60 @@ def assert_same_deep(a, b) -> None:
         assert all(arr_a[k].tobytes() == arr_b[k].tobytes() for k in arr_a)
 
 
+# --------------------------------------------------------------------------- float32 evaluation
+
+#: Tolerance of float32 evaluation (``eval_dtype``) against float64: relative, per distance and per
+#: image row norm (docs/algorithm.md#evaluation-precision); the measured maxima are ~4e-6 on digits
+#: and ~4e-7 on a high-dimensional random case.
+FLOAT32_RTOL = 1e-4
+
+
+def max_rel(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest |a − b| / |b| over the entries where b is finite (both infinite alike)."""
+    finite = np.isfinite(b)
+    np.testing.assert_array_equal(np.isfinite(a), finite)
+    return float(np.max(np.abs(a[finite] - b[finite]) / np.abs(b[finite])))
+
+
+def assert_float32_of(D32: np.ndarray, D64: np.ndarray) -> None:
+    """D32 are float32 evaluations of the float64 distances D64: within :data:`FLOAT32_RTOL` of
+    them, and not bit-identical (the float32 path ran).
+
+    Two float32 evaluations that block the rows differently (the pipeline's chunks, the
+    estimator's blocks) round differently: each is within the tolerance of float64, so they are
+    compared with float64, never with each other at a tolerance one machine happened to meet.
+    """
+    assert not np.array_equal(D32, D64) and max_rel(D32, D64) <= FLOAT32_RTOL
+
+
 # --------------------------------------------------------------------------- bad input
+
+
+#: The rows of the bad-input tables: 40 rows × 5 features in [0, 1), labels two classes of 20
+#: (their messages name row 3, column 2, the 40 rows and the 5 features).
+BAD_INPUT_X = np.random.default_rng(0).random((40, 5))
+BAD_INPUT_Y = np.repeat([0, 1], 20)
+#: Labels that mix ints and strings (np.asarray would silently make them all strings).
+MIXED_LABELS = [0] * 20 + ["a"] * 20
+
+
+def with_entry(value, row: int = 3, col: int = 2) -> np.ndarray:
+    """:data:`BAD_INPUT_X` with the entry ``[row, col]`` set to ``value`` (a copy)."""
+    out = BAD_INPUT_X.copy()
+    out[row, col] = value
+    return out
+
+
+def write_small_stores(directory: Path) -> Path:
+    """Dataset stores of :data:`BAD_INPUT_X` in ``directory``: ``s.zarr`` (all of it), ``s4.zarr``
+    (4 features) and ``s1.zarr`` (21 rows: class 1 has one row). Returns ``directory``."""
+    from kahm_dask.pipeline.stores.dataset import write_dataset
+
+    X, Y = BAD_INPUT_X, BAD_INPUT_Y
+    write_dataset(directory / "s.zarr", X, Y, chunk_rows=20)
+    write_dataset(directory / "s4.zarr", X[:, :4], Y, chunk_rows=20)
+    write_dataset(directory / "s1.zarr", X[:21], Y[:21], chunk_rows=20)
+    return directory
 
 
 @dataclass(frozen=True)

@@ -5,53 +5,22 @@ distances and images stay within ``RTOL`` (relative) of float64 on digits and on
 high-dimensional random case, the predictions do not change, the returned arrays are float64
 and float64 stays bit-identical to the default. The setting acts at evaluation (``set_params``
 after ``fit``), survives pickling and ``to_state``/``from_state`` (the float32 copy of β is never
-stored), keeps the denominator guard, is checked against the parameter table, and reaches the
-Dask pipeline's tasks and ``kahm-dask predict``.
+stored), keeps the denominator guard and is checked against the parameter table
+(tests/pipeline/estimator/test_eval_dtype.py: it reaches the Dask pipeline's tasks and
+``kahm-dask predict``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import warnings
 
-import dask.array as da
 import numpy as np
 import pytest
-import zarr
-from click.testing import CliRunner
-from distributed import Client, LocalCluster
 
-from kahm_dask import KAHM, DaskKAHMClassifier, DeepKAHM, DegenerateWeightsWarning, KAHMClassifier, WideKAHM
-from kahm_dask.cli import main
-from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
-from kahm_dask.pipeline.estimator.stores import params_from_manifest, stored_params
-from kahm_dask.pipeline.predict import DISTANCES, class_distance_array
-from kahm_dask.pipeline.stores.dataset import write_dataset
-from tests._kit import pipeline_dict
-
-#: Tolerance of float32 against float64 (relative, per distance and per image row norm); the
-#: measured maxima are ~4e-6 on digits and ~4e-7 on the random case.
-RTOL = 1e-4
-
-
-def _max_rel(a: np.ndarray, b: np.ndarray) -> float:
-    """Largest |a − b| / |b| over the entries where b is finite (both infinite alike)."""
-    finite = np.isfinite(b)
-    np.testing.assert_array_equal(np.isfinite(a), finite)
-    return float(np.max(np.abs(a[finite] - b[finite]) / np.abs(b[finite])))
-
-
-def _assert_float32_of(D32: np.ndarray, D64: np.ndarray) -> None:
-    """D32 are float32 evaluations of the float64 distances D64: within the documented bound
-    ``RTOL`` of them, and not bit-identical (the float32 path ran).
-
-    Two float32 evaluations that block the rows differently (the pipeline's chunks, the
-    estimator's blocks) round differently: each is within RTOL of float64, so they are compared
-    with float64, never with each other at a tolerance one machine happened to meet.
-    """
-    assert not np.array_equal(D32, D64) and _max_rel(D32, D64) <= RTOL
+from kahm_dask import KAHM, DeepKAHM, DegenerateWeightsWarning, KAHMClassifier, WideKAHM
+from tests._kit import FLOAT32_RTOL as RTOL
+from tests._kit import max_rel as _max_rel
 
 
 def _max_row_rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -218,55 +187,5 @@ def test_invalid_value_is_rejected_naming_the_parameter(classifiers, digits, ran
         clf.models_[0]._distance_rows(digits.X_test, n_probe=1, dtype="float16")
 
 
-# --------------------------------------------------------------------------- Dask pipeline
 
 
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def stored(classifiers, tmp_path_factory):
-    """The L = 1 classifier as a model store, and the estimator on it."""
-    path = tmp_path_factory.mktemp("eval-dtype") / "model.zarr"
-    return path, DaskKAHMClassifier.from_local(classifiers[1], path)
-
-
-def test_dask_classifier_float32_predicts_as_kahm_classifier(client, classifiers, stored, digits):
-    path, est = stored
-    D64 = classifiers[1].class_distances(digits.X_test)
-    est32 = DaskKAHMClassifier.load(path).set_params(eval_dtype="float32", chunk_rows=300)
-    dask_D32 = est32.class_distances(digits.X_test)
-    assert dask_D32.dtype == np.float64
-    _assert_float32_of(dask_D32, D64)
-    np.testing.assert_array_equal(est32.predict(digits.X_test), classifiers[1].classes_[D64.argmin(axis=1)])
-    _assert_float32_of(est32.class_distances(da.from_array(digits.X_test, chunks=(150, -1))).compute(), D64)
-    np.testing.assert_array_equal(est.class_distances(digits.X_test), D64)  # the default is float64
-    with pytest.raises(ValueError, match="'eval_dtype' parameter of class_distance_array"):
-        class_distance_array(path, da.from_array(digits.X_test), eval_dtype="float16")
-
-
-def test_pipeline_file_and_old_manifests(stored):
-    cfg = PipelineConfig.from_dict(pipeline_dict(**{"model.eval_dtype": "float32"}), base_dir=".")
-    assert cfg.model.eval_dtype == "float32"
-    assert DaskKAHMClassifier.from_config(cfg).eval_dtype == "float32"
-    path, est = stored
-    stored = {k: v for k, v in stored_params(est.get_params(deep=False)).items() if k != "eval_dtype"}
-    manifest = {ESTIMATOR_PARAMS_KEY: stored}  # a manifest written before eval_dtype existed
-    assert DaskKAHMClassifier(**params_from_manifest(manifest)).eval_dtype == "float64"
-
-
-def test_cli_predict_eval_dtype(stored, classifiers, digits, tmp_path, monkeypatch):
-    path, _ = stored
-    store = write_dataset(tmp_path / "test.zarr", digits.X_test, digits.y_test, chunk_rows=200).path
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext())
-    out = tmp_path / "pred.zarr"
-    result = CliRunner().invoke(main, ["predict", str(path), str(store), str(out), "--eval-dtype", "float32"])
-    assert result.exit_code == 0, result.output
-    D = zarr.open_group(str(out), mode="r")[DISTANCES][...]
-    _assert_float32_of(D, classifiers[1].class_distances(digits.X_test))
-    result = CliRunner().invoke(main, ["predict", str(path), str(store), str(out), "--eval-dtype", "float16"])
-    assert result.exit_code == 2 and "'--eval-dtype'" in result.output, result.output

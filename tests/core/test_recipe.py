@@ -1,85 +1,40 @@
 """One per-cluster recipe (kahm_dask/recipe.py) and one minimum-cluster-size rule
 (kahm_dask/partition.py), shared by the in-memory classifier and the Dask pipeline
-(docs/algorithm.md#pipeline, docs/algorithm.md#kmeans-partition)."""
+(docs/algorithm.md#pipeline, docs/algorithm.md#kmeans-partition); the pipeline's task builds the
+same cluster (tests/pipeline/training/test_tasks.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import pickle
-import warnings
 
 import numpy as np
 import pytest
-import zarr
 
-from kahm_dask import DeepKAHM, KAHMClassifier, WideKAHM
+from kahm_dask import DeepKAHM, WideKAHM
 from kahm_dask.deep import _query_blocks
 from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.partition import kmeans_partition, partition_with_min_size
-from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
-from kahm_dask.pipeline.training.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
 from kahm_dask.privacy.fabrication import fabricate_partitioned
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.recipe import TrainParams
+from tests._kit import RECIPE_SETTINGS, ignore_warnings, recipe_fits, recipe_params
+from tests._kit import assert_same_deep as _assert_same_deep
+from tests._kit import recipe_data as _data
 
-SETTINGS = {
-    "plain": {},
-    "noisy": {"dp_data": "noisy"},
-    "fabricated": {"r_value": 2},
-    "fabricated-private-r": {"r_source": "private"},
-}
+SETTINGS = RECIPE_SETTINGS
 
 
-def _data(seed: int = 0, n: int = 120, p: int = 5):
-    """Two classes in [0, 1]^p and a within-class partition into two parts of ≥ 2 rows."""
-    rng = np.random.default_rng(seed)
-    y = np.repeat([0, 1], n // 2)
-    X = np.clip(0.5 + 0.15 * rng.normal(size=(n, p)) + 0.2 * y[:, None], 0.0, 1.0)
-    part = np.tile(np.repeat([0, 1], n // 4), 2)
-    return X, y, part
-
-
-def _classifier(kw: dict, dp_data: str | None = None) -> KAHMClassifier:
-    dp = {} if not kw and dp_data is None else {
-        "epsilon": 2.0, "bounds": (0.0, 1.0), "insecure_noise_seed": 3, **kw,
-        **({} if dp_data is None else {"dp_data": dp_data}),
-    }
-    return KAHMClassifier(3, 2, block_size=30, random_state=0, **dp)
-
-
-def _params(kw: dict) -> TrainParams:
-    if not kw:
-        return TrainParams(3, 2)
-    return TrainParams(3, 2, epsilon=2.0, **kw)
-
-
-def _assert_same_deep(a: DeepKAHM, b: DeepKAHM) -> None:
-    """Bit-identical fitted state (every stored array and scalar) and parameters."""
-    (states_a, meta_a), (states_b, meta_b) = a.to_state(), b.to_state()
-    assert meta_a == meta_b and len(states_a) == len(states_b)
-    for (arr_a, sc_a), (arr_b, sc_b) in zip(states_a, states_b, strict=True):
-        assert sc_a == sc_b
-        assert all(arr_a[k].tobytes() == arr_b[k].tobytes() for k in arr_a)
-
-
-@contextlib.contextmanager
 def _ignore_leaks():
     """The test-only noise seed and the private r warn (PrivacyLeakWarning): expected here."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PrivacyLeakWarning)
-        yield
+    return ignore_warnings(PrivacyLeakWarning)
 
 
 @pytest.fixture(scope="module")
 def fitted():
     """For every setting: the classifier fitted with a given partition and the noisy rows of
-    the release it used (a dp_data="noisy" twin with the same test-only noise seed)."""
-    X, y, part = _data()
-    with _ignore_leaks():
-        noisy = _classifier({}, "noisy").fit(X, y, partition=part).dp_data_
-        out = {name: _classifier(kw).fit(X, y, partition=part) for name, kw in SETTINGS.items()}
-    return X, y, part, noisy, out
+    the release it used (:func:`tests._kit.recipe_fits`)."""
+    return recipe_fits()
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -87,7 +42,7 @@ def test_every_classifier_branch_is_the_recipe_on_its_rows(fitted, name):
     """fit(partition=...) builds branch s of class c, its DP rows and its M̃ by one call of
     TrainParams.fit_cluster on that branch's (noisy) rows."""
     X, y, part, noisy, out = fitted
-    clf, params = out[name], _params(SETTINGS[name])
+    clf, params = out[name], recipe_params(SETTINGS[name])
     passes = []
     for c in (0, 1):
         rows = y == c
@@ -126,29 +81,6 @@ def test_per_branch_recipe_equals_remark4_then_wide_fit(fitted, name):
         assert fab.tobytes() == clf.dp_data_[c].tobytes() and passes == clf.fabrication_passes_[c]
         for a, b in zip(wide.branches_, clf.models_[c].branches_, strict=True):
             _assert_same_deep(a, b)
-
-
-@pytest.mark.parametrize("name", list(SETTINGS))
-def test_pipeline_task_builds_the_same_cluster_as_the_classifier(fitted, name, tmp_path):
-    """train_cluster on the grouped rows of (class 1, branch 1) stores exactly the classifier's
-    branch model and DP rows."""
-    X, y, part, noisy, out = fitted
-    clf, params = out[name], _params(SETTINGS[name])
-    rows = y == 1
-    branch = part[rows] == 1
-    work, model = tmp_path / "work", tmp_path / "model.zarr"
-    zarr.create_array(str(work / GROUPED_X), data=np.ascontiguousarray(X[rows][branch]))
-    zarr.create_array(str(work / GROUPED_X_NOISY), data=np.ascontiguousarray(noisy[1][branch]))
-    with _ignore_leaks():
-        info = train_cluster(str(work), str(model), 1, 1, 0, int(branch.sum()), params)
-    assert info["n_rows"] == branch.sum() and not info["resumed"]
-    _assert_same_deep(load_cluster(cluster_dir(model, 1, 1)), clf.models_[1].branches_[1])
-    stored = zarr.open_group(str(cluster_dir(model, 1, 1)), mode="r")
-    if params.private:
-        assert stored["fabricated"][:].tobytes() == clf.dp_data_[1][branch].tobytes()
-    else:
-        assert "fabricated" not in stored
-    assert ("passes" in info) == (params.r_source != "private" or not params.private)
 
 
 def test_recipe_parameters_are_small_frozen_and_picklable():

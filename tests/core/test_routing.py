@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import warnings
 
-import dask.array as da
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
@@ -135,22 +134,3 @@ def test_kmeans_in_principal_space_finds_separated_modes():
     assert len({(a, b) for a, b in zip(labels, truth, strict=True)}) == 4
 
 
-def test_pipeline_routing_matches_the_estimator_rule(tmp_path):
-    from kahm_dask.pipeline.predict import class_distance_array
-    from kahm_dask.pipeline.stores.dataset import write_dataset
-    from kahm_dask.pipeline.stores.manifest import read_manifest
-    from kahm_dask.pipeline.training import TrainSettings, train_pipeline
-    from kahm_dask.recipe import TrainParams
-
-    X, y = make_class_blobs(3000, 8, 3, random_state=0)
-    store = write_dataset(tmp_path / "t.zarr", X[:2500], y[:2500], chunk_rows=500)
-    train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", TrainSettings(TrainParams(5, 2), seed=1,
-                   block_size=300), progress=False)
-    n_clusters = max(sum(e["class"] == c for e in read_manifest(tmp_path / "m.zarr")["clusters"]) for c in range(3))
-    Q = da.from_array(X[2500:], chunks=200)
-    D = class_distance_array(tmp_path / "m.zarr", Q).compute()
-    assert class_distance_array(tmp_path / "m.zarr", Q, n_probe=n_clusters).compute().tobytes() == D.tobytes()
-    routed = class_distance_array(tmp_path / "m.zarr", Q, n_probe=1)
-    assert isinstance(routed, da.Array)
-    R = routed.compute()
-    assert np.all(R >= D * (1 - 1e-12)) and np.mean(R.argmin(1) == D.argmin(1)) > 0.9

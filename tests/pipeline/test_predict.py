@@ -1,5 +1,10 @@
-"""Concurrent prediction requests against one trained model (docs/reliability.md §6).
+"""Prediction (kahm_dask/pipeline/predict.py): class distances as a reduction over the clusters'
+distances, routed as the estimator routes, written atomically, checked input; and concurrent
+prediction requests against one trained model (docs/reliability.md §6).
 
+* no model is loaded in the client while the graph is built; ``n_probe`` routes as the estimator;
+* bad input (the feature count, NaN rows) is refused naming it; no client: the threads;
+* a prediction that fails mid-way keeps the previous predictions whole;
 * fast: four concurrent requests with different inputs, and two models at once, on one
   client each get their own results (task keys depend on the input and the model store);
 * slow: eight concurrent requests on a 2-worker LocalCluster (1 GiB per worker) finish with
@@ -19,16 +24,125 @@ import dask.array as da
 import numpy as np
 import psutil
 import pytest
+import zarr
 from distributed import Client, LocalCluster
 
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import ClusterConfig
 from kahm_dask.pipeline.predict import DISTANCES, PREDICTIONS, class_distance_array, predict_to_store
-from kahm_dask.pipeline.stores.dataset import write_dataset
+from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
+from tests._kit import BAD_INPUT_X as X_SMALL
+from tests._kit import leftovers, small_training, train_small, write_small_stores
+from tests._kit import with_entry as _with
+
+# --------------------------------------------------------------------------- the prediction graph
+
+
+def test_building_the_prediction_graph_loads_no_model(tmp_path, digits, monkeypatch):
+    """Models are loaded by the tasks, on the workers: building the graph in the client
+    must not load any (dask infers a map_blocks meta by calling the function unless given)."""
+    import kahm_dask.pipeline.predict as predict_mod
+
+    labels = np.zeros(len(digits.y_train), dtype=np.int64)  # block_size 300: one cluster per class
+    store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
+    settings = TrainSettings(TrainParams(10, 2), seed=3, block_size=300)
+    train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, partition=labels, progress=False)
+    loads = []
+    real = predict_mod.cached_cluster
+    monkeypatch.setattr(predict_mod, "cached_cluster", lambda path: loads.append(path) or real(path))
+    D = predict_mod.class_distance_array(tmp_path / "m.zarr", da.from_array(digits.X_test, chunks=(200, -1)))
+    assert loads == []
+    assert D.compute(scheduler="synchronous").shape == (digits.X_test.shape[0], 10) and loads
+
+
+def test_pipeline_routing_matches_the_estimator_rule(tmp_path):
+    from kahm_dask.pipeline.stores.manifest import read_manifest
+
+    X, y = make_class_blobs(3000, 8, 3, random_state=0)
+    store = write_dataset(tmp_path / "t.zarr", X[:2500], y[:2500], chunk_rows=500)
+    train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", TrainSettings(TrainParams(5, 2), seed=1,
+                   block_size=300), progress=False)
+    n_clusters = max(sum(e["class"] == c for e in read_manifest(tmp_path / "m.zarr")["clusters"]) for c in range(3))
+    Q = da.from_array(X[2500:], chunks=200)
+    D = class_distance_array(tmp_path / "m.zarr", Q).compute()
+    assert class_distance_array(tmp_path / "m.zarr", Q, n_probe=n_clusters).compute().tobytes() == D.tobytes()
+    routed = class_distance_array(tmp_path / "m.zarr", Q, n_probe=1)
+    assert isinstance(routed, da.Array)
+    R = routed.compute()
+    assert np.all(R >= D * (1 - 1e-12)) and np.mean(R.argmin(1) == D.argmin(1)) > 0.9
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def stores(tmp_path):
+    """The stores of tests._kit.write_small_stores in tmp_path: s.zarr, s4.zarr, s1.zarr."""
+    return write_small_stores(tmp_path)
+
+
+def test_pipeline_predict_feature_count_mismatch(stores):
+    train_pipeline(open_dataset(stores / "s.zarr"), stores / "m.zarr", stores / "w",
+                   TrainSettings(TrainParams(3, 2), seed=0), progress=False)
+    with pytest.raises(ValueError, match=r"X has shape \(40, 4\); the model expects \(m, 5\)"):
+        class_distance_array(stores / "m.zarr", da.from_array(X_SMALL[:, :4]))
+    with pytest.raises(ValueError, match=r"X has shape \(5,\)"):
+        class_distance_array(stores / "m.zarr", da.from_array(X_SMALL[0]))
+
+
+def test_predict_rejects_nan_rows(stores):
+    from distributed import Client, LocalCluster
+
+    train_pipeline(open_dataset(stores / "s.zarr"), stores / "m.zarr", stores / "w",
+                   TrainSettings(TrainParams(3, 2), seed=0), progress=False)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        with pytest.raises(ValueError, match=r"non-finite value at row 3, column 2"):
+            predict_to_store(stores / "m.zarr", da.from_array(_with(np.nan), chunks=(20, 5)),
+                             stores / "p.zarr", client)
+
+
+def test_predict_without_a_client(stores):
+    train_pipeline(open_dataset(stores / "s.zarr"), stores / "m.zarr", stores / "w",
+                   TrainSettings(TrainParams(3, 2), seed=0), progress=False)
+    group = predict_to_store(stores / "m.zarr", da.from_array(X_SMALL, chunks=(20, 5)), stores / "p.zarr")
+    assert group[PREDICTIONS].shape == (40,) and group[DISTANCES].shape == (40, 2)
+
+
+# --------------------------------------------------------------------------- atomic predictions
+
+
+def test_failed_prediction_keeps_the_previous_predictions(tmp_path, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    from kahm_dask.pipeline import predict as predict_mod
+
+    store, labels, X = small_training(tmp_path)
+    train_small(store, labels, tmp_path)
+    Xd = da.from_array(X, chunks=(60, X.shape[1]))
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        before = predict_to_store(tmp_path / "m.zarr", Xd, tmp_path / "p.zarr", client)[PREDICTIONS][:]
+        real = predict_mod._cluster_block
+
+        def fails_on_the_last_block(x, path, *args):
+            if x.shape[0] and np.array_equal(x[-1], X[-1]):
+                raise MemoryError("worker ran out of memory")
+            return real(x, path, *args)
+
+        monkeypatch.setattr(predict_mod, "_cluster_block", fails_on_the_last_block)
+        with pytest.raises(MemoryError):
+            predict_to_store(tmp_path / "m.zarr", Xd, tmp_path / "p.zarr", client)
+    group = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")
+    assert "classes" in group.attrs  # a complete result, not a partial one
+    np.testing.assert_array_equal(group[PREDICTIONS][:], before)
+    assert np.isfinite(group[DISTANCES][:]).all()
+    assert leftovers(tmp_path) == []  # the partial predictions were removed
+
+
+# --------------------------------------------------------------------------- concurrent requests
 
 
 def _reference(model, X, chunk):

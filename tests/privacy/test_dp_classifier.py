@@ -33,7 +33,7 @@ from kahm_dask.privacy.membership import (
 )
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import InsecureSeededRandom, PrivacyLeakWarning, SecureRandom
-from tests._kit import reachable_arrays
+from tests._kit import RowScanner, reachable_arrays
 
 EPS = 2.0
 N_COMP, N_LAYERS = 20, 5
@@ -449,3 +449,17 @@ def test_pickled_dp_classifier_keeps_its_seed_and_no_noise_source(digits):
 def test_pickled_non_private_classifier_keeps_its_seed(digits):
     clf = _fit(digits)
     assert pickle.loads(pickle.dumps(clf)).random_state == 0
+
+
+@pytest.fixture(scope="module")
+def scanner(digits):
+    """Finds training rows to 1e-9 in any layout (tests._kit.RowScanner)."""
+    return RowScanner(digits.X_train)
+
+
+@pytest.mark.parametrize("dp_data", ["fabricated", "noisy"])
+def test_pickled_dp_estimator_holds_no_training_row(digits, scanner, dp_data):
+    clf = KAHMClassifier(10, 2, random_state=0, epsilon=2.0, dp_data=dp_data, bounds=(0.0, 1.0)).fit(
+        digits.X_train, digits.y_train)
+    assert scanner.in_object(clf) == set()
+    assert scanner.in_bytes(pickle.dumps(clf)) == set()

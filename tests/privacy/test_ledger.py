@@ -5,8 +5,9 @@ budget that callers can lower but not raise.
 Findings replayed (each failed on the code before): a budget per folder (the same rows released
 twice, each ledger saying ε = 2); a caller's budget replacing the stored one ((2, 0) replaced by
 (100, 0)); ``PrivacyLedger(budget=(nan, 0))`` accepted; ``KAHMClassifier`` without ``ledger=``
-recording nothing; ``DaskKAHMClassifier`` without ``ledger``/``budget``; concurrent releases
-read-modify-writing one file and losing entries.
+recording nothing; ``DaskKAHMClassifier`` without ``ledger``/``budget``
+(tests/pipeline/estimator/test_estimator.py); concurrent releases read-modify-writing one file and
+losing entries; a ledger write failing half-way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 
-from kahm_dask import DaskKAHMClassifier, KAHMClassifier, PrivacyLedger
+from kahm_dask import KAHMClassifier, PrivacyLedger
 from kahm_dask.privacy.fingerprint import combine, fingerprint, partial_sums
 from kahm_dask.privacy.ledger import (
     LEDGER_DIR_ENV,
@@ -33,7 +34,7 @@ from kahm_dask.privacy.ledger import (
 )
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
-from tests._kit import ledger_of
+from tests._kit import ledger_of, leftovers
 
 
 def _dp(**kw) -> KAHMClassifier:
@@ -194,8 +195,13 @@ def test_a_ledger_directory_parameter_and_a_ledger_object(digits, tmp_path):
         clone(clf).fit(digits.X_train, digits.y_train)
 
 
-def test_dask_estimator_takes_ledger_and_budget():
-    params = DaskKAHMClassifier().get_params()
-    assert params["ledger"] == "auto" and params["budget"] is None
-    with pytest.raises(ValueError, match="budget"):
-        DaskKAHMClassifier(budget=(math.nan, 0))._check_params()
+def test_ledger_failure_mid_write_keeps_the_old_ledger(tmp_path, disk_full):
+    path = tmp_path / "ledgers" / "s.json"
+    PrivacyLedger(path, budget=(5.0, 0.0)).spend(1.0, 0.0, release_id="a", what="rows")
+    before = path.read_bytes()
+    disk_full()
+    with pytest.raises(OSError, match="No space left"):
+        PrivacyLedger(path).spend(2.0, 0.0, release_id="b", what="rows")
+    assert path.read_bytes() == before
+    assert PrivacyLedger(path).spent() == (1.0, 0.0) and PrivacyLedger(path).budget == (5.0, 0.0)
+    assert leftovers(path.parent) == []

@@ -1,6 +1,6 @@
 """Every statistic taken from the private rows is warned and named: scaling by the training
-split's min/max, a caller's partition, bounds a pipeline file calls public; ``privacy.d`` is
-in raw units and the statement shows both units.
+split's min/max, a caller's partition; the statement shows the bounds in both units
+(tests/pipeline/runs/test_data.py: ``privacy.d`` of a pipeline file is in raw units).
 
 Findings replayed (each failed on the code before): ``split_and_scale`` without ``bounds``
 scaled by the private min/max silently and the ``KAHMClassifier`` docstring then fitted with
@@ -19,13 +19,9 @@ from sklearn.model_selection import train_test_split
 
 from kahm_dask import KAHMClassifier, PrivacyLedger
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, split_and_scale
-from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.runs.central import estimator_from_config
-from kahm_dask.pipeline.runs.data import scaled_d
-from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC, Scaling
+from kahm_dask.privacy.bounds import BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from kahm_dask.privacy.statement import CALLER_PARTITION, PRIVATE_SCALING
-from tests._kit import pipeline_dict
 
 
 def _fit(split, **kw):
@@ -91,24 +87,3 @@ def test_a_callers_partition_is_assumed_private_unless_declared_public(digits):
     assert clf.privacy_statement_.weakenings == []
 
 
-#: A DP pipeline file on digits with public bounds (pipeline_dict overrides; privacy.d is added).
-DIGITS_D = {"privacy.epsilon": 2.0, "data.source": "sklearn:digits", "data.bounds": [0, 16]}
-
-
-def test_privacy_d_is_in_raw_units():
-    """``privacy.d: 8`` for digits counted 0-16 covers a change of 8 counts: 0.5 of the scaled
-    features (it was applied as 8 scaled units, 8 times the bound width)."""
-    cfg = PipelineConfig.from_dict(pipeline_dict(**DIGITS_D, **{"privacy.d": 8}), base_dir=".")
-    assert scaled_d(cfg.data, 8, 64) == 0.5
-    assert scaled_d(cfg.data, None, 64) is None  # the width
-    tanh = Scaling("tanh255", 0.0, 255.0)
-    assert tanh.scaled_d(51.0) == pytest.approx(0.2) and tanh.raw_d(np.tanh(1.0)) == 255.0
-
-
-def test_the_run_turns_raw_d_into_feature_units(tmp_path):
-    from kahm_dask.pipeline.runs.data import prepare_stores
-
-    cfg = PipelineConfig.from_dict(pipeline_dict(**DIGITS_D, **{"privacy.d": 4}, output=tmp_path), base_dir=".")
-    train, _ = prepare_stores(cfg, tmp_path)
-    estimator, source = estimator_from_config(cfg, train)
-    assert estimator.d == 0.25 and source == BOUNDS_PUBLIC and estimator.bounds.scaling.kind == "minmax"

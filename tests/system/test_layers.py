@@ -37,3 +37,9 @@ def test_the_version_is_the_installed_distributions():
     from kahm_dask._version import __version__
 
     assert __version__ == version("kahm-dask")
+
+
+def test_the_core_imports_no_dask_until_the_estimator_is_used():
+    code = ("import sys, kahm_dask; assert 'dask' not in sys.modules; "
+            "kahm_dask.DaskKAHMClassifier; assert 'distributed' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

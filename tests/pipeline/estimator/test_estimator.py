@@ -9,9 +9,8 @@ LocalCluster (2 workers x 1 thread).
 
 from __future__ import annotations
 
+import math
 import pickle
-import subprocess
-import sys
 
 import dask.array as da
 import numpy as np
@@ -157,12 +156,6 @@ def test_invalid_parameters_are_rejected_before_any_work(params, name, error, di
     assert not any(tmp_path.iterdir())
 
 
-def test_the_core_imports_no_dask_until_the_estimator_is_used():
-    code = ("import sys, kahm_dask; assert 'dask' not in sys.modules; "
-            "kahm_dask.DaskKAHMClassifier; assert 'distributed' in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 # scikit-learn's common checks that need no fit, or only fits that fail on a parameter. The others
 # do not apply or cost too much here: each fit is a pipeline run (Zarr stores, a graph per stage;
 # about a second even on tiny data), and check_estimator's fitting checks run dozens of them
@@ -201,3 +194,10 @@ def test_more_workers_than_data_chunks_and_the_estimators_client(digits):
         reference = KAHMClassifier(random_state=SEED).fit(X, y)
         _assert_same_model(est, reference, digits.X_test[digits.y_test < 3])
         assert "client" not in pickle.loads(pickle.dumps(est)).__dict__
+
+
+def test_dask_estimator_takes_ledger_and_budget():
+    params = DaskKAHMClassifier().get_params()
+    assert params["ledger"] == "auto" and params["budget"] is None
+    with pytest.raises(ValueError, match="budget"):
+        DaskKAHMClassifier(budget=(math.nan, 0))._check_params()

@@ -1,5 +1,6 @@
 """Public bounds in the ingest stage: raw rows clipped to ``data.bounds``, scaled by them, and the
-feature bounds of the DP release (one function: ``feature_bounds``), public or private."""
+feature bounds of the DP release (one function: ``feature_bounds``), public or private;
+``privacy.d`` is in raw units and the run turns it into feature units."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from click.testing import CliRunner
 from kahm_dask.cli import main
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import PipelineConfig
-from kahm_dask.pipeline.runs.central import settings_from_config
-from kahm_dask.pipeline.runs.data import feature_bounds, prepare_stores, raw_bounds
+from kahm_dask.pipeline.runs.central import estimator_from_config, settings_from_config
+from kahm_dask.pipeline.runs.data import feature_bounds, prepare_stores, raw_bounds, scaled_d
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
-from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC
+from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, BOUNDS_PUBLIC, Scaling
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from tests._kit import ledger_of, pipeline_dict
 
@@ -124,3 +125,27 @@ def test_cli_train_bounds_statement_and_budget(tmp_path, monkeypatch):
     args[2] = str(tmp_path / "m2.zarr")  # a second model from the same store: a new release
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 1 and "beyond the budget" in again.output
+
+
+# --------------------------------------------------------------------------- privacy.d in raw units
+
+
+#: A DP pipeline file on digits with public bounds (pipeline_dict overrides; privacy.d is added).
+DIGITS_D = {"privacy.epsilon": 2.0, "data.source": "sklearn:digits", "data.bounds": [0, 16]}
+
+
+def test_privacy_d_is_in_raw_units():
+    """``privacy.d: 8`` for digits counted 0-16 covers a change of 8 counts: 0.5 of the scaled
+    features (it was applied as 8 scaled units, 8 times the bound width)."""
+    cfg = PipelineConfig.from_dict(pipeline_dict(**DIGITS_D, **{"privacy.d": 8}), base_dir=".")
+    assert scaled_d(cfg.data, 8, 64) == 0.5
+    assert scaled_d(cfg.data, None, 64) is None  # the width
+    tanh = Scaling("tanh255", 0.0, 255.0)
+    assert tanh.scaled_d(51.0) == pytest.approx(0.2) and tanh.raw_d(np.tanh(1.0)) == 255.0
+
+
+def test_the_run_turns_raw_d_into_feature_units(tmp_path):
+    cfg = PipelineConfig.from_dict(pipeline_dict(**DIGITS_D, **{"privacy.d": 4}, output=tmp_path), base_dir=".")
+    train, _ = prepare_stores(cfg, tmp_path)
+    estimator, source = estimator_from_config(cfg, train)
+    assert estimator.d == 0.25 and source == BOUNDS_PUBLIC and estimator.bounds.scaling.kind == "minmax"

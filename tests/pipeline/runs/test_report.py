@@ -4,13 +4,19 @@ settings and paths, apart; a tail rate only where the sample resolves it.
 Finding replayed (failed on the code before): the report was one 36-row table mixing metrics,
 settings and paths, ``mis`` and ``mis_norm`` were unexplained, and ``attack_tpr_at_0_1pct_fpr``
 was reported with 540 non-members (0.1 % of them is not one row).
+A report or privacy statement whose write fails half-way leaves the old one whole.
 """
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from kahm_dask.federated import membership_fields
-from kahm_dask.pipeline.runs.report import RESULTS, write_report
+from kahm_dask.pipeline.runs.report import RESULTS, write_privacy_statement, write_report
 from kahm_dask.privacy.membership import MembershipAttack, MembershipInference
+from tests._kit import leftovers
 
 
 def _fields(n_nonmembers: int) -> dict:
@@ -42,3 +48,22 @@ def test_the_report_puts_results_with_their_meaning_before_timings_settings_and_
     settings = text[order[2]:order[3]]
     assert "| epsilon | 2 |" in settings and "| d_raw | 16 |" in settings and "epsilon" not in results
     assert "fit_seconds" not in results and "| fit | 2 |" in text[order[1]:order[2]]
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def test_report_failure_mid_write_keeps_the_old_report(tmp_path, disk_full):
+    write_report(tmp_path, {"name": "a", "accuracy": 0.5}, plots=False)
+    statement = write_privacy_statement(tmp_path / "public", "# Privacy\n\nε = 1\n")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "report.json", tmp_path / "report.md", statement)}
+    assert json.loads(before["report.json"]) == {"name": "a", "accuracy": 0.5}
+    assert "ε = 1" in statement.read_text(encoding="utf-8")
+    disk_full()
+    with pytest.raises(OSError, match="No space left"):
+        write_report(tmp_path, {"name": "b", "accuracy": 0.9}, plots=False)
+    with pytest.raises(OSError, match="No space left"):
+        write_privacy_statement(tmp_path / "public", "# Privacy\n\nε = 2\n")
+    after = {p.name: p.read_bytes() for p in (tmp_path / "report.json", tmp_path / "report.md", statement)}
+    assert after == before
+    assert leftovers(tmp_path) == [] and leftovers(tmp_path / "public") == []

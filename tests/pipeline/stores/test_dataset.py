@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import shutil
@@ -25,6 +26,7 @@ from kahm_dask.pipeline.stores.dataset import (
     write_dataset,
 )
 from kahm_dask.privacy.fingerprint import fingerprint
+from tests._kit import leftovers
 
 # ------------------------------------------------------------------------ helpers
 
@@ -33,11 +35,6 @@ def make_data(n: int = 50, p: int = 4, seed: int = 0) -> tuple[np.ndarray, np.nd
     """Random X (n, p) and integer labels (n,) with classes 3, 5, 7."""
     rng = np.random.default_rng(seed)
     return rng.normal(size=(n, p)), rng.choice([3, 5, 7], size=n)
-
-
-def leftovers(directory: Path) -> list[str]:
-    """Names of temporary or moved-away directories left in ``directory``."""
-    return [p.name for p in directory.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 
 
 def assert_roundtrip(ds: DatasetStore, X: np.ndarray, labels: np.ndarray) -> None:
@@ -420,3 +417,36 @@ def test_completion_marker_in_a_zarr_group_only_warns_on_listing(stored) -> None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert is_complete(ds.path) == {"done": True}
+
+
+# --------------------------------------------------------------------- writes that fail half-way
+
+
+def test_completion_marker_failure_mid_write_keeps_the_old_marker(tmp_path, disk_full):
+    mark_complete(tmp_path, {"noise_id": "a"})
+    disk_full()
+    with pytest.raises(OSError, match="No space left"):
+        mark_complete(tmp_path, {"noise_id": "b"})
+    assert is_complete(tmp_path) == {"noise_id": "a"}
+    assert leftovers(tmp_path) == []
+
+
+def test_dataset_store_failure_mid_write_keeps_the_old_store(tmp_path, monkeypatch):
+    X = np.random.default_rng(5).random((30, 3))
+    y = np.arange(30) % 2
+    write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=10)
+    real = zarr.Group.create_array
+
+    def fails_on_class_index(self, name, *args, **kwargs):
+        if name == "1":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zarr.Group, "create_array", fails_on_class_index)
+    with pytest.raises(OSError, match="No space left"):
+        write_dataset(tmp_path / "s.zarr", X[:20] + 1, y[:20], overwrite=True)
+    with pytest.raises(OSError, match="No space left"):
+        write_dataset(tmp_path / "t.zarr", X, y)
+    store = open_dataset(tmp_path / "s.zarr")
+    np.testing.assert_array_equal(store.X().compute(), X)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]

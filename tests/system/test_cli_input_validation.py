@@ -1,0 +1,150 @@
+"""Bad input on the command line (docs/reliability.md §1): every mistake is a one-line error
+naming the option, the key or the file, found before a cluster starts, with no traceback; a
+killed worker is a clear error with the resume hint where it is true."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from kahm_dask.cli import main
+from kahm_dask.pipeline.stores.dataset import open_dataset
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+from kahm_dask.recipe import TrainParams
+from tests._kit import pipeline_file, write_small_stores
+
+
+def _csv(tmp: Path, text: str) -> Path:
+    path = tmp / "d.csv"
+    path.write_text(text)
+    return path
+
+
+def _yaml(tmp: Path, overrides: dict) -> Path:
+    """The pipeline file ``tmp/p.yaml``: the minimal one with ``overrides``."""
+    return pipeline_file(tmp / "p.yaml", name="t", **overrides)
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """Fail the test if the CLI starts a cluster: validation must come first."""
+
+    def refuse(cfg):
+        raise AssertionError("the CLI started a cluster before validating its input")
+
+    monkeypatch.setattr("kahm_dask.cli._connect", refuse)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    """The stores of tests._kit.write_small_stores in tmp_path: s.zarr, s4.zarr, s1.zarr."""
+    return write_small_stores(tmp_path)
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+CLI_TRAIN = {
+    "epsilon = 0": (["--epsilon", "0"], r"'--epsilon': 0.0 is not in the range x>0"),
+    "epsilon < 0": (["--epsilon", "-1"], r"'--epsilon': -1.0 is not in the range x>0"),
+    "delta > 1": (["--epsilon", "1", "--delta", "1.5"], r"'--delta': 1.5 is not in the range 0<=x<1"),
+    "delta < 0": (["--epsilon", "1", "--delta=-0.1"], r"'--delta': -0.1 is not in the range 0<=x<1"),
+    "bounds upper <= lower": (["--epsilon", "1", "--bounds", "1", "0"], r"upper must exceed lower"),
+    "budget epsilon = 0": (["--epsilon", "1", "--budget", "0", "0"],
+                           r"'--budget': must be \(ε, δ\) with ε finite and > 0"),
+    "d = 0": (["--epsilon", "1", "--d", "0"], r"'--d': 0.0 is not in the range x>0"),
+    "n_components = 0": (["--n-components", "0"], r"'--n-components': 0 is not in the range x>=1"),
+    "n_layers = 0": (["--n-layers", "0"], r"'--n-layers': 0 is not in the range x>=1"),
+    "block_size = 0": (["--block-size", "0"], r"'--block-size': 0 is not in the range x>=1"),
+    "seed < 0": (["--seed", "-1"], r"'--seed': -1 is not in the range x>=0"),
+    "dp_data unknown": (["--epsilon", "1", "--dp-data", "raw"],
+                        r"'--dp-data': 'raw' is not one of 'fabricated', 'noisy'"),
+    "fractional passes": (["--epsilon", "1", "--r-source", "passes", "--r-value", "2.5"],
+                          r"'--r-value'.*'passes' needs an int >= 1.*Got 2.5"),
+    "r_value with private r": (["--epsilon", "1", "--r-source", "private", "--r-value", "0.5"], r"'--r-value'"),
+}
+
+
+@pytest.mark.parametrize("args,pattern", list(CLI_TRAIN.values()), ids=list(CLI_TRAIN))
+def test_cli_train_rejects_before_starting_a_cluster(args, pattern, stores, no_cluster):
+    result = _invoke("train", stores / "s.zarr", stores / "m.zarr", *args)
+    assert result.exit_code in (1, 2), result.output
+    assert re.search(pattern, result.output), result.output
+    assert "Traceback" not in result.output
+    assert not (stores / "m.zarr").exists()
+
+
+def test_cli_train_rejects_a_single_row_class(stores, no_cluster):
+    result = _invoke("train", stores / "s1.zarr", stores / "m.zarr")
+    assert result.exit_code == 1
+    assert re.search(r"class\(es\) \[1\] have fewer than 2 samples.*Remove these classes or add samples",
+                     result.output), result.output
+
+
+def test_cli_train_warns_when_n_components_exceeds_features(stores, monkeypatch):
+    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.DaskKAHMClassifier.fit_store",
+                        lambda self, *a, **k: {"n_clusters": 2, "n_resumed": 0, "clusters": []})
+    result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "20")
+    assert result.exit_code == 0, result.output
+    assert "--n-components 20 exceeds the 5 features" in result.output
+
+
+@pytest.mark.parametrize("finished", [0, 2])
+def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeypatch, finished):
+    """The resume hint is given only where it is true: when finished clusters are kept."""
+    from distributed.scheduler import KilledWorker
+
+    def die(store, model, work, *a, **k):
+        for s in range(finished):  # clusters a run finished before the worker died
+            (work.path / "model.zarr" / "clusters" / f"c0_s{s}").mkdir(parents=True)
+        raise KilledWorker("train_cluster-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
+
+    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.train_pipeline", die)  # the fit behind the CLI
+    result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3")
+    assert result.exit_code == 1 and "Traceback" not in result.output and "KilledWorker" in result.output
+    assert ("rerun the same command to resume" in result.output) == bool(finished)
+    assert (f"The {finished} finished cluster(s) are kept" in result.output) == bool(finished)
+
+
+CLI_OTHER = {
+    "ingest: nan csv": (lambda t: ["ingest", _csv(t, "1,2,3\n4,nan,0\n"), t / "n.zarr"],
+                        r"non-finite value at row 1, column 1.*impute"),
+    "ingest: missing file": (lambda t: ["ingest", t / "nope.csv", t / "n.zarr"], r"Source file not found"),
+    "ingest: existing store": (lambda t: ["ingest", "sklearn:iris", t / "s.zarr"], r"already exists; add --overwrite"),
+    "ingest: unknown bundled set": (lambda t: ["ingest", "sklearn:mnist", t / "n.zarr"],
+                                    r"Unknown bundled dataset 'sklearn:mnist'"),
+    "predict: not a model": (lambda t: ["predict", t / "s.zarr", t / "s.zarr", t / "p.zarr"],
+                             r"not a kahm-dask model store"),
+    "run: unknown key": (lambda t: ["run", _yaml(t, {"evaluate.membrship": True})],
+                         r"unknown key 'evaluate.membrship'.*did you mean 'membership'"),
+    "run: epsilon = 0": (lambda t: ["run", _yaml(t, {"privacy.epsilon": 0})], r"'privacy.epsilon'.*: must be > 0"),
+    "run: delta = 1": (lambda t: ["run", _yaml(t, {"privacy.epsilon": 1.0, "privacy.delta": 1.0})],
+                       r"'privacy.delta'.*: must be >= 0 and < 1"),
+    "run: bad budget": (lambda t: ["run", _yaml(t, {"privacy.epsilon": 1.0}), "--budget", "0", "0"],
+                        r"'privacy.budget'.*epsilon > 0"),
+}
+
+
+@pytest.mark.parametrize("make_args,pattern", list(CLI_OTHER.values()), ids=list(CLI_OTHER))
+def test_cli_rejects(make_args, pattern, stores, no_cluster):
+    result = _invoke(*make_args(stores))
+    assert result.exit_code == 1, result.output
+    assert re.search(pattern, result.output, re.S), result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_predict_feature_count_mismatch(stores, monkeypatch):
+    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    train_pipeline(open_dataset(stores / "s.zarr"), stores / "m.zarr", stores / "w",
+                   TrainSettings(TrainParams(3, 2), seed=0), progress=False)
+    result = _invoke("predict", stores / "m.zarr", stores / "s4.zarr", stores / "p.zarr")
+    assert result.exit_code == 1
+    assert re.search(r"s4.zarr has 4 features; the model .* expects 5", result.output), result.output

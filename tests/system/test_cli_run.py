@@ -1,0 +1,90 @@
+"""``kahm-dask run`` end to end, in this process (one threaded worker): the public and owner
+folders and what each holds, the budget that refuses a second release, the warning and the
+statement without public bounds, and an unknown key refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+from kahm_dask.cli import main
+from kahm_dask.pipeline.stores.manifest import read_manifest
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from tests._kit import pipeline_file
+
+#: The DP run of the CLI tests (pipeline_file overrides): digits with public bounds, ε = 2, one
+#: threaded worker.
+CLI_RUN = {"name": "test-run", "data.source": "sklearn:digits", "data.bounds": [0, 16], "model.n_components": 10,
+           "model.n_layers": 2, "privacy.epsilon": 2.0, "cluster.n_workers": 1, "cluster.processes": False}
+
+
+def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
+    cfg = pipeline_file(tmp_path, **CLI_RUN)
+    result = CliRunner().invoke(main, ["run", str(cfg), "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    public, owner = run / "public", run / "owner"
+    report = json.loads((owner / "report.json").read_text())
+    for key in ("accuracy", "mis", "attack_auc", "fit_seconds", "predict_seconds", "n_train", "n_test",
+                "epsilon", "delta", "d", "n_components", "n_layers", "seed", "privacy", "bounds_source"):
+        assert key in report
+    assert report["accuracy"] > 0.85 and report["n_train"] == len(digits.y_train)
+    assert report["delta"] == 0 and report["d"] == 1.0 and report["r_source"] == "passes"
+    assert report["cluster_on"] == "noisy" and isinstance(report["seed"], int)  # public now
+    assert report["privacy"]["ledger"]["epsilon_total"] == 2.0
+    assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "fabricated.png", "model.zarr"]
+    assert (owner / "report.md").exists() and (owner / "distances.png").exists()
+    assert (owner / "predictions.zarr").is_dir() and (owner / "data" / "train.zarr").is_dir()
+    assert not list(run.rglob("samples.png")) and not list(run.rglob("secret_seed.json"))
+    # the console says where each folder is
+    assert f"Public folder (may be published: DP model store, PRIVACY.md): {public}" in result.output
+    assert f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}" in result.output
+    manifest = read_manifest(public / "model.zarr")
+    assert manifest["seed"] == report["seed"]
+    assert manifest["privacy"]["release_id"] == report["privacy"]["release_id"]
+
+    # No original training row in anything publishable (the full scan is in test_release_boundary)
+    blob = b"".join(p.read_bytes() for p in public.rglob("*") if p.is_file())
+    X_tr = zarr.open_array(str(owner / "data" / "train.zarr" / "X"), mode="r")[...]
+    assert sum(X_tr[i].tobytes() in blob for i in range(len(X_tr))) == 0
+    for path in (public / "model.zarr" / "clusters").iterdir():
+        fab = zarr.open_group(str(path), mode="r")["fabricated"][:]
+        dist = np.sqrt(((fab[:, None, :] - X_tr[None, :, :]) ** 2).sum(-1)).min(axis=1)
+        assert dist.min() > 1e-9
+
+
+def test_cli_run_budget_refuses_a_second_release(tmp_path):
+    cfg = pipeline_file(tmp_path, **CLI_RUN)
+    runner = CliRunner()
+    first = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0"], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    # another release from the same training store (the noisy rows lost): beyond the budget
+    shutil.rmtree(tmp_path / "run" / "owner" / "work")
+    shutil.rmtree(tmp_path / "run" / "public" / "model.zarr")
+    second = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0"])
+    assert second.exit_code == 1
+    assert "BudgetExceededError" in second.output and "beyond the budget" in second.output
+    assert "No noise was drawn" in second.output
+    assert not (tmp_path / "run" / "owner" / "work" / "X_noisy").exists()
+
+
+def test_cli_run_without_public_bounds_warns_and_says_so(tmp_path):
+    cfg = pipeline_file(tmp_path, **{k: v for k, v in CLI_RUN.items() if k != "data.bounds"})
+    with pytest.warns(PrivacyLeakWarning, match="data.bounds"):
+        result = CliRunner().invoke(main, ["run", str(cfg), "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    statement = (tmp_path / "run" / "public" / "PRIVACY.md").read_text()
+    assert "scaled by the training rows' min and max" in statement  # where the bounds came from
+    assert "scaled by the private rows' min and max of each feature" in statement  # the weakening
+
+
+def test_cli_rejects_unknown_yaml_key(tmp_path):
+    cfg = pipeline_file(tmp_path, **CLI_RUN, **{"evaluate.membrship": True})
+    result = CliRunner().invoke(main, ["run", str(cfg)])
+    assert result.exit_code != 0
+    assert "membrship" in result.output
