@@ -178,7 +178,7 @@ def _cli(params: dict, name: str, valid: bool, store, monkeypatch) -> None:
     def reached(cfg):
         raise _Reached
 
-    monkeypatch.setattr("kahm_dask.cli._connect", reached)
+    monkeypatch.setattr("kahm_dask.cli.session.connect", reached)
     result = CliRunner().invoke(main, ["train", str(store), str(store.parent / "m.zarr"), *args])
     if valid:
         assert isinstance(result.exception, _Reached), result.output
