@@ -76,6 +76,7 @@ from kahm_dask.federated import (
     combine,
     label_heterogeneity,
     membership_summary,
+    site_answer,
     site_noise_seed,
     site_seed,
     split_sites,
@@ -224,8 +225,10 @@ def train_site(
 # --------------------------------------------------------------------------- prediction
 
 
-def _global_codes(local: np.ndarray, table: np.ndarray) -> np.ndarray:
-    return table[local]
+def _answer_block(D: np.ndarray, table: np.ndarray, part: str) -> np.ndarray:
+    """One field of the site's answer (:func:`kahm_dask.federated.site_answer`) on a block of its
+    (m_b, C_q) class distances, its labels as codes into the pooled classes (``table``)."""
+    return getattr(site_answer(D, table), part)
 
 
 def site_answer_arrays(
@@ -241,8 +244,11 @@ def site_answer_arrays(
     index = {label: code for code, label in enumerate(classes)}
     table = np.array([index[label] for label in site_classes], dtype=np.int64)
     D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype)  # (m, C_q), stays at the site
-    return D.min(axis=1), D.argmin(axis=1).map_blocks(_global_codes, table, dtype=np.int64,
-                                                      meta=np.empty((0,), np.int64))
+    D = D.rechunk({1: -1})  # all of the site's classes in each block
+    parts = {"min_distance": np.float64, "label": np.int64}
+    rho, code = (da.map_blocks(_answer_block, D, table, part, drop_axis=1, dtype=dtype, meta=np.empty((0,), dtype))
+                 for part, dtype in parts.items())
+    return rho, code
 
 
 def _store_arrays(
