@@ -49,8 +49,9 @@ whatever the model store: two sites' layers in one graph would share keys.
 Everything a central run does too (connecting, computing, the folder layout, the accuracy and
 membership metrics, the privacy statements, the report's metrics) is the central run's code
 (:mod:`kahm_dask.pipeline.cluster`, :mod:`kahm_dask.pipeline.runs.central`), and what happens at
-one site (its store, training, answers and membership report) is :mod:`kahm_dask.pipeline.runs.sites`;
-this module adds the split and the combination of the sites' answers. The files (``sites.json``, the answer stores, ``predictions.zarr``,
+one site (its store, training, answers and membership report) is
+:mod:`kahm_dask.pipeline.runs.sites`; this module adds the split and the combination of the
+sites' answers. The files (``sites.json``, the answer stores, ``predictions.zarr``,
 ``membership.json``, the report) are written atomically: a reader sees the old file or the
 new one.
 """
