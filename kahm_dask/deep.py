@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
@@ -191,9 +191,9 @@ class DeepKAHM(_BatchEvaluator):
     def _kahm(self) -> KAHM:
         return KAHM(self.n_components, min_range=self.min_range, chunk_size=self.chunk_size, eval_dtype=self.eval_dtype)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None) -> DeepKAHM:
         """Fit L KAHMs to ``Y`` (N, p)."""
-        check_estimator_params(self)
         Y = as_data_matrix(Y, "Y")
         self._fit_validated(Y)
         return self
@@ -205,8 +205,7 @@ class DeepKAHM(_BatchEvaluator):
         for n_l in layer_dimensions(self.n_components, self.n_layers):
             dim = min(n_l, subspace.n_cap)
             if dim not in by_dim:
-                layer = self._kahm()
-                layer._check_params()
+                layer = self._kahm()  # its parameters are this model's, checked by its fit
                 layer._fit_subspace(Y, subspace, dim)
                 by_dim[dim] = layer
             layers.append(by_dim[dim])
@@ -387,13 +386,13 @@ class WideKAHM(_BatchEvaluator):
             kmeans_dims=self.kmeans_dims,
         )
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None, *, partition=None) -> WideKAHM:
         """Fit to ``Y`` (N, p).
 
         ``partition`` : optional (N,) integer branch labels that replace the k-means
         partition (e.g. labels computed by the Dask pipeline); each branch needs ≥ 2 rows.
         """
-        check_estimator_params(self)
         Y = as_data_matrix(Y, "Y")
         check_n_rows(Y.shape[0], 2, "Y")
         labels, ids = self.branch_labels(Y, partition)

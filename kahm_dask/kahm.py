@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.linalg import eigh, svd
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
@@ -26,7 +26,7 @@ from kahm_dask._validation import (
     check_n_features,
 )
 from kahm_dask.kernel import gaussian_kernel_matrix, kernel_scale
-from kahm_dask.params import check_estimator_params, check_params, parameter_constraints
+from kahm_dask.params import check_params, parameter_constraints
 from kahm_dask.regularization import solve_lambda_spectral
 
 __all__ = [
@@ -283,11 +283,13 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.eval_dtype = eval_dtype
 
     # ------------------------------------------------------------------ fitting
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None) -> KAHM:
         """Fit the KAHM to the samples ``Y`` (N, p), one sample per row."""
         self._fit(Y)
         return self
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit_transform(self, Y, y=None, **fit_params) -> np.ndarray:
         """Fit and return the images of the training rows, (N, p).
 
@@ -296,11 +298,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         """
         return self._fit(Y, training_images=True)
 
-    def _check_params(self) -> None:
-        check_estimator_params(self)
-
     def _fit(self, Y, training_images: bool = False) -> np.ndarray | None:
-        self._check_params()
         Y = as_data_matrix(Y, "Y")
         subspace = principal_subspace(Y, self.n_components, self.min_range)
         return self._fit_subspace(Y, subspace, self.n_components, training_images)
