@@ -53,6 +53,7 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
     from kahm_dask.pipeline.config.sections import load_federated_config
     from kahm_dask.pipeline.runs.central import run_pipeline
     from kahm_dask.pipeline.runs.federated import run_federated_pipeline
+    from kahm_dask.pipeline.runs.layout import run_paths
 
     t0 = time.perf_counter()
     if scheduler and cluster_config:
@@ -82,7 +83,7 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
             overrides["cluster.dashboard_address"] = None if dashboard_address == "none" else dashboard_address
         if overrides:
             cfg = cfg.with_overrides(**overrides)
-        staged = Path(cfg.output) / "owner" / "work" / "model.zarr"
+        staged = run_paths(cfg.output, cfg.privacy.epsilon is not None).staged_model
         with interruptible(f"the run {cfg.name!r}", resume_from=None if federated else staged):
             click.echo(_run_banner(cfg, federated), err=True)
             with (connect_federated(cfg) if federated else session.connect(cfg.cluster)) as client:
@@ -105,15 +106,11 @@ def _run_banner(cfg, federated: bool) -> str:
 
 def _echo_run_end(out: Path) -> None:
     """Print the report, then where the public and the owner's folders are."""
-    from kahm_dask.pipeline.runs.data import OWNER, PUBLIC
+    from kahm_dask.pipeline.runs.layout import run_paths
 
-    owner, public = out / OWNER, out / PUBLIC
-    report = owner / "report.md" if (owner / "report.md").exists() else out / "report.md"
-    click.echo(report.read_text())
-    if public.is_dir():
-        click.echo(f"Public folder (may be published: DP model store, PRIVACY.md): {public}")
-    if owner.is_dir():
-        click.echo(f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}")
-
-
-# --------------------------------------------------------------------------- ledger
+    paths = run_paths(out, private=True)  # a non-private run has no public folder
+    click.echo(paths.report_md.read_text())
+    if paths.public.is_dir():
+        click.echo(f"Public folder (may be published: DP model store, PRIVACY.md): {paths.public}")
+    if paths.owner.is_dir():
+        click.echo(f"Owner folder (keep with the data owner: data, work, report, predictions): {paths.owner}")

@@ -86,21 +86,19 @@ from kahm_dask.pipeline.runs.central import (
     Stopwatch,
     accuracy,
     report_metrics,
-    run_paths,
     settings_from_config,
     write_statement,
 )
-from kahm_dask.pipeline.runs.data import OWNER, prepare_stores
+from kahm_dask.pipeline.runs.data import prepare_stores
+from kahm_dask.pipeline.runs.layout import FederationPaths
 from kahm_dask.pipeline.runs.report import write_report
 from kahm_dask.pipeline.runs.sites import (
     LABEL,
     MIN_DISTANCE,
     SITE,
-    answer_path,
     answer_to_store,
     outside_the_sites,
     site_membership,
-    site_paths,
     store_arrays,
     train_site,
     write_site_stores,
@@ -154,16 +152,17 @@ def federated_decision_arrays(answer_paths: Sequence[Path]) -> FederatedDecision
 
 
 def federated_predict(
-    model_paths: Sequence[Path], X: da.Array, classes: Sequence[Any], name: str,
+    layout: FederationPaths, n_sites: int, X: da.Array, classes: Sequence[Any], name: str,
     client: Client | None, *, pin: bool = False, n_probe: int | None = None, eval_dtype: str = "float64",
 ) -> FederatedDecision:
-    """Every site answers the queries X (m, p) into :func:`answer_path` (``n_probe`` and
-    ``eval_dtype`` as in :func:`site_answer_arrays`); returns the lazy global decision over
-    those answers (codes into ``classes``)."""
+    """Every site of ``layout`` answers the queries X (m, p) into its answer store for ``name``
+    (``n_probe`` and ``eval_dtype`` as in
+    :func:`~kahm_dask.pipeline.runs.sites.site_answer_arrays`); returns the lazy global decision
+    over those answers (codes into ``classes``)."""
     paths = [
-        answer_to_store(q, path, X, classes, answer_path(path, name), client, pin=pin, n_probe=n_probe,
-                        eval_dtype=eval_dtype)
-        for q, path in enumerate(model_paths)
+        answer_to_store(q, layout.site(q).model, X, classes, layout.answers(q, name), client, pin=pin,
+                        n_probe=n_probe, eval_dtype=eval_dtype)
+        for q in range(n_sites)
     ]
     return federated_decision_arrays(paths)
 
@@ -193,23 +192,22 @@ def run_federated_pipeline(
     The run folder is locked for the run; the coordinator's and every site's ``owner/`` folder
     and the answer stores are private by file mode (0700 / 0600).
     """
-    root = Path(cfg.output)
-    with exclusive(root, "the run folder"):
+    layout = FederationPaths(Path(cfg.output), cfg.privacy.epsilon is not None)
+    with exclusive(layout.root, "the run folder"):
         try:
-            return _run_federated(cfg, client, as_progress(progress), site_partitions, insecure_noise_seed)
+            return _run_federated(cfg, layout, client, as_progress(progress), site_partitions, insecure_noise_seed)
         finally:
-            sites = root / "sites"
-            for private in (root / OWNER, *sites.glob("site*/owner"), *sites.glob("site*/answers")):
+            for private in layout.private_folders():
                 make_private(private)
 
 
 def _run_federated(
-    cfg: FederatedPipelineConfig, client: Client | None, progress: Progress,
+    cfg: FederatedPipelineConfig, layout: FederationPaths, client: Client | None, progress: Progress,
     site_partitions: Sequence[np.ndarray | None] | None, insecure_noise_seed: int | None,
 ) -> dict:
     fed = cfg.federation
-    private = cfg.privacy.epsilon is not None
-    paths = run_paths(cfg.output, False)  # the coordinator's folders: nothing is published
+    private = layout.private
+    paths = layout.coordinator  # nothing of the coordinator's is published
     paths.make_dirs()
     if site_partitions is not None and len(site_partitions) != fed.sites:
         raise ValueError(f"got {len(site_partitions)} site partitions for {fed.sites} sites.")
@@ -223,9 +221,9 @@ def _run_federated(
         sites = split_sites(labels, fed.sites, fed.split, classes_per_site=fed.classes_per_site,
                             alpha=fed.alpha, random_state=fed.split_seed)
         record = _split_record(fed, labels, sites)
-        stores = write_site_stores(train, sites, paths.root / "sites", record, pin=fed.pin_sites)
+        stores = write_site_stores(train, sites, layout, record, pin=fed.pin_sites)
 
-    folders = [site_paths(paths.root / "sites", q, private) for q in range(fed.sites)]
+    folders = [layout.site(q) for q in range(fed.sites)]
     summaries, site_clock = [], Stopwatch()
     with clock.stage("fit"):
         for q, store in enumerate(stores):
@@ -248,7 +246,7 @@ def _run_federated(
 
     model_paths = [f.model for f in folders]
     with clock.stage("predict"), progress.stage(f"predict: {fed.sites} sites answer, then combine"):
-        decision = federated_predict(model_paths, test.X(), train.classes, "test", client,
+        decision = federated_predict(layout, fed.sites, test.X(), train.classes, "test", client,
                                      pin=fed.pin_sites, n_probe=cfg.model.n_probe,
                                      eval_dtype=cfg.model.eval_dtype)
         arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
@@ -261,8 +259,7 @@ def _run_federated(
     if cfg.evaluate.membership:
         with progress.stage("membership metrics, site by site (owner only)"):
             per_site = [
-                site_membership(q, store, model_paths[q], answer_path(model_paths[q], "test"),
-                                folders[q].owner / "membership.json", client,
+                site_membership(q, store, model_paths[q], layout.answers(q, "test"), layout.membership(q), client,
                                 max_train_rows=cfg.evaluate.max_train_rows,
                                 seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe,
                                 eval_dtype=cfg.model.eval_dtype)
@@ -294,18 +291,19 @@ def _run_federated(
         },
     )
     text = write_report(paths.owner, metrics, plots=cfg.report.plots)
-    write_text_atomic(paths.owner / "report.md", text + _folders_markdown(paths.root, private))
+    write_text_atomic(paths.report_md, text + _folders_markdown(layout))
     return metrics
 
 
-def _folders_markdown(out: Path, private: bool) -> str:
+def _folders_markdown(layout: FederationPaths) -> str:
     """The report's section on which folder of a federated run is which."""
+    private = layout.private
     model = "public/model.zarr" if private else "owner/model.zarr"
     lines = [
         "",
         "## Folders",
         "",
-        f"- `sites/site{{q}}/public/` ({out / 'sites'}): "
+        f"- `sites/site{{q}}/public/` ({layout.sites_dir}): "
         + ("**may be published**: site q's DP model store `model.zarr` and its `PRIVACY.md`."
            if private else "absent: a non-private site's model store is fitted on private "
            f"rows and stays in `sites/site{{q}}/{model}`."),
@@ -314,7 +312,7 @@ def _folders_markdown(out: Path, private: bool) -> str:
         "membership report (`membership.json`, computed on its own training rows only).",
         "- `sites/site{q}/answers/`: site q's answers (ρ_q, ĉ_q) to the coordinator's queries "
         "(the test rows): what crosses the site boundary, as private as the queries.",
-        f"- `owner/` ({out / OWNER}): the coordinator's and the simulation's: the pooled input "
+        f"- `owner/` ({layout.coordinator.owner}): the coordinator's and the simulation's: the pooled input "
         "(`data/`, which in a real federation never exists in one place), the split "
         "(`sites.json`), the global decision (`predictions.zarr`) and this report. The "
         "membership figures above are combined from the sites' summaries only.",

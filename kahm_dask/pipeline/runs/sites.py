@@ -24,36 +24,20 @@ from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
 from kahm_dask.pipeline.cluster.sites import pinned
 from kahm_dask.pipeline.predict import class_distance_array
-from kahm_dask.pipeline.runs.central import (
-    RunPaths,
-    member_rows,
-    membership_metrics,
-    run_paths,
-)
-from kahm_dask.pipeline.runs.data import OWNER
+from kahm_dask.pipeline.runs.central import member_rows, membership_metrics
+from kahm_dask.pipeline.runs.layout import FederationPaths, RunPaths
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.storage.atomic import atomic_directory, write_json_atomic
 from kahm_dask.storage.private import private_directory
 
-__all__ = ["LABEL", "MIN_DISTANCE", "SITE", "site_dir", "site_paths", "outside_the_sites", "write_site_stores",
-           "train_site", "site_answer_arrays", "store_arrays", "answer_to_store", "answer_path", "site_membership"]
+__all__ = ["LABEL", "MIN_DISTANCE", "SITE", "outside_the_sites", "write_site_stores",
+           "train_site", "site_answer_arrays", "store_arrays", "answer_to_store", "site_membership"]
 
 
 # array names of the answer stores and of predictions.zarr (a FederatedDecision)
 LABEL, MIN_DISTANCE, SITE = "label", "min_distance", "site"
-
-
-def site_dir(sites_dir: Path, q: int) -> Path:
-    """Directory of site q: its ``public/`` and ``owner/`` folders and its answers."""
-    return Path(sites_dir) / f"site{q}"
-
-
-def site_paths(sites_dir: Path, q: int, private: bool) -> RunPaths:
-    """Site q's folders, split at the release boundary like a central run's
-    (``public/model.zarr`` for a DP site; ``owner/data``, ``owner/work``)."""
-    return run_paths(site_dir(sites_dir, q), private)
 
 
 @contextmanager
@@ -68,19 +52,18 @@ def outside_the_sites(local: bool) -> Iterator[None]:
 
 
 def write_site_stores(
-    train: DatasetStore, sites: list[np.ndarray], sites_dir: Path, record: dict, *,
-    pin: bool = False, record_path: Path | None = None,
+    train: DatasetStore, sites: list[np.ndarray], layout: FederationPaths, record: dict, *, pin: bool = False,
 ) -> list[DatasetStore]:
-    """Write site q's private store ``sites_dir/site{q}/owner/data/train.zarr`` with the
-    pooled training rows ``sites[q]`` (and the pooled store's public feature range).
+    """Write site q's private store (``layout.site(q).train_store``) with the pooled training
+    rows ``sites[q]`` (and the pooled store's public feature range).
 
     The pooled store stands for rows that are never in one place in a real federation: with
     ``pin`` the split runs in the client process (local threads), so no site's worker reads a
     chunk of the pooled store (which holds other sites' rows). ``record`` (the split) is kept
-    in ``record_path`` (default ``sites_dir.parent/owner/sites.json``); a rerun reuses the
+    in ``layout.split_record``; a rerun reuses the
     stores of the same split (resume) and refuses a directory that holds another split.
     """
-    record_path = Path(record_path or Path(sites_dir).parent / OWNER / "sites.json")
+    record_path = layout.split_record
     if record_path.exists() and json.loads(record_path.read_text()) != record:
         raise ValueError(
             f"{record_path.parent.parent} holds site stores of a different split; use a new "
@@ -92,7 +75,7 @@ def write_site_stores(
     X, labels = train.X(), train.labels()
     stores = []
     for q, rows in enumerate(sites):
-        path = site_paths(sites_dir, q, False).data / "train.zarr"
+        path = layout.site(q).train_store
         if path.exists():
             stores.append(open_dataset(path))
             continue
@@ -115,7 +98,7 @@ def train_site(
     progress: Progress | bool = False,
 ) -> dict:
     """Train site q's model store from its store; with ``pin`` every task carries the resource
-    ``site{q}``. ``directory``: the site's :class:`~kahm_dask.pipeline.runs.central.RunPaths` (model
+    ``site{q}``. ``directory``: the site's :class:`~kahm_dask.pipeline.runs.layout.RunPaths` (model
     store ``public/model.zarr`` for a DP site, work store ``owner/work``), or a plain
     directory (``directory/model.zarr``, ``directory/work``)."""
     if isinstance(directory, RunPaths):
@@ -182,12 +165,6 @@ def answer_to_store(
         rho, code = site_answer_arrays(model_path, X, classes, n_probe=n_probe, eval_dtype=eval_dtype)
         store_arrays({MIN_DISTANCE: rho, LABEL: code}, path, client)
     return Path(path)
-
-
-def answer_path(model_path: Path, name: str) -> Path:
-    """Where site q (model store ``model_path``) keeps its answers to the queries ``name``:
-    ``sites/site{q}/answers/<name>.zarr``, beside its ``public/`` and ``owner/`` folders."""
-    return Path(model_path).parent.parent / "answers" / f"{name}.zarr"
 
 
 def _site_membership_task(d_train: np.ndarray, d_test: np.ndarray, seed: int, path: str) -> dict:
