@@ -3,7 +3,7 @@
 A deep KAHM stacks L KAHMs of the same data with dimensions ``max(n − l + 1, 1)`` and returns,
 per query, the layer output nearest to the query. A wide KAHM k-means-partitions the data into
 S branches, one deep KAHM each, and returns the branch output nearest to the query. Ties keep
-the lowest layer / branch index (docs/algorithm.md#decision-ties). See
+the lowest layer / branch index (docs/decisions.md#decision-ties). See
 docs/algorithm.md#deep-kahm and docs/algorithm.md#wide-kahm.
 """
 
@@ -34,7 +34,7 @@ __all__ = ["DeepKAHM", "WideKAHM", "layer_dimensions"]
 def layer_dimensions(n_components: int, n_layers: int) -> list[int]:
     """Requested dimension of layer l = 1..L: ``max(n − l + 1, 1)``.
 
-    See docs/algorithm.md#decision-layer-dimensions.
+    See docs/decisions.md#decision-layer-dimensions.
     """
     return [max(n_components - l + 1, 1) for l in range(1, n_layers + 1)]
 
@@ -134,7 +134,7 @@ class DeepKAHM(_BatchEvaluator):
     ----------
     n_components : int, default=20
         n: layer l asks for dimension ``max(n − l + 1, 1)``
-        (docs/algorithm.md#decision-layer-dimensions).
+        (docs/decisions.md#decision-layer-dimensions).
     n_layers : int, default=5
         L.
     min_range : float or None, default=1e-3

@@ -7,7 +7,7 @@ cross-validation of shared kernel sums (the membership score's ``mis`` and ``mis
 :data:`MEDIAN_STREAM` (the subset of the median heuristic), :data:`CENTRE_STREAM` (the Gaussian
 centres) and :data:`FOLD_STREAM` (the cross-validation folds).
 
-Decision: docs/algorithm.md#decision-lsdd-settings.
+Decision: docs/decisions.md#decision-lsdd-settings.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def _sigma_scale(
     pool: np.ndarray, median_subset: int | None, rng: np.random.Generator
 ) -> tuple[float, bool]:
     """Median pairwise distance of the pooled sample (docs/algorithm.md#lsdd, step 6;
-    docs/algorithm.md#decision-membership-subsets).
+    docs/decisions.md#decision-membership-subsets).
 
     Over a seeded subset of ``median_subset`` points drawn without replacement when the pool is
     larger (``None``: exact). Falls back to the standard deviation of all pooled entries, then 1.
@@ -450,7 +450,7 @@ def lsdd(
     random_state : seeds the median subset, the centres and the folds (separate child streams).
     median_subset : the median pairwise distance is taken over this many pooled points, drawn
         without replacement, when the pool is larger; ``None`` for the exact median
-        (docs/algorithm.md#decision-membership-subsets).
+        (docs/decisions.md#decision-membership-subsets).
 
     Returns
     -------

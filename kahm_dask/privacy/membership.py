@@ -17,8 +17,8 @@ random_state=s)``, and the attack with the same seed sees the same training rows
 
 The density difference is :func:`~kahm_dask.privacy.lsdd.lsdd` (:mod:`kahm_dask.privacy.lsdd`).
 
-Decisions: docs/algorithm.md#decision-mis-members,
-docs/algorithm.md#decision-mis-norm, docs/algorithm.md#decision-membership-subsets.
+Decisions: docs/decisions.md#decision-mis-members,
+docs/decisions.md#decision-mis-norm, docs/decisions.md#decision-membership-subsets.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def membership_inference_score(
     """``mis`` / ``mis_norm`` report for a classifier (docs/algorithm.md#mis-reporting).
 
     ``X_train`` (n, p) must be the **original private** training rows the classifier was built
-    for (docs/algorithm.md#decision-mis-members), not noisy or fabricated data; ``X_test``
+    for (docs/decisions.md#decision-mis-members), not noisy or fabricated data; ``X_test``
     (m, p) the test rows. With ``max_train_rows`` a seeded uniform subset of the training rows is
     used (docs/algorithm.md#mis); the same ``random_state`` gives :func:`membership_attack` the
     same rows. ``lsdd_kwargs`` go to :func:`~kahm_dask.privacy.lsdd.lsdd`.

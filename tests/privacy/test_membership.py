@@ -1,7 +1,7 @@
 """LSDD, membership-inference score and attack (docs/algorithm.md#membership).
 
-Oracles: docs/algorithm.md#oracle-lsdd-gaussians, docs/algorithm.md#oracle-lsdd-exact,
-docs/algorithm.md#oracle-mis-members.
+Oracles: docs/oracles.md#oracle-lsdd-gaussians, docs/oracles.md#oracle-lsdd-exact,
+docs/oracles.md#oracle-mis-members.
 
 The cross-validation in the eigenbasis of H (and the shared mis / mis_norm pass) is checked
 against the solve-based implementation it replaced, benchmarks/_membership_reference.py (the
@@ -277,7 +277,7 @@ def test_mis_norm_is_lsdd_on_median_scaled_distances():
 
 
 # ---------------------------------------------------------------------------------------------
-# Classifier level (docs/algorithm.md#oracle-mis-members)
+# Classifier level (docs/oracles.md#oracle-mis-members)
 # ---------------------------------------------------------------------------------------------
 
 
