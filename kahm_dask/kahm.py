@@ -154,7 +154,7 @@ def _top_principal_directions(
     ``k`` eigenpairs (``subset_by_index``). Returns ``(directions (n, p), variances (n,))``
     after the caps, or ``None`` when a cap decision is within a wide margin of its
     threshold (rank-deficient data, a code range ≈ ``min_range``): there the caller's thin
-    SVD decides, exactly as before (docs/decisions.md#decision-pca-path).
+    SVD decides (docs/decisions.md#decision-pca-path).
 
     Same subspace as the thin SVD up to rounding (docs/performance.md: 5× cheaper for an
     MNIST cluster of 1000 × 784, which spends 0.64 s in the SVD).
@@ -216,7 +216,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         (docs/algorithm.md#evaluation-precision). "float32" runs ``exp`` and the
         (m × N)·(N × (p + 1)) GEMM in float32 (the GEMM ~2.5× faster, docs/performance.md), with
         distances within ~1e-5 relative of float64; queries, images and distances stay float64.
-        "float64" is bit-identical to before. May be changed after ``fit``.
+        May be changed after ``fit``.
 
     Attributes
     ----------

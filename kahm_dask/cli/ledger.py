@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kahm_dask.cli.options import LEDGER_ENV, StoreArgument, param_type
+from kahm_dask.cli.options import LEDGER_DIR_HELP, StoreArgument, param_type
 from kahm_dask.cli.session import fail, user_errors
 
 __all__ = ["ledger"]
@@ -27,7 +27,7 @@ def _ledger_of(store, ledger_dir):
 @ledger.command("show")
 @click.argument("store", type=StoreArgument(exists=True), required=False)
 @click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
-              help=f"Ledger directory (default ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers).")
+              help=LEDGER_DIR_HELP + ".")
 def ledger_show(store, ledger_dir) -> None:
     """The releases and budget of dataset STORE's rows; without STORE, every ledger's total."""
     import json as _json
@@ -72,7 +72,7 @@ def _summary_line(summary: dict) -> str:
 @click.option("--raise", "allow_raise", is_flag=True,
               help="Allow a budget above the stored one (the data owner's decision).")
 @click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
-              help=f"Ledger directory (default ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers).")
+              help=LEDGER_DIR_HELP + ".")
 def ledger_budget(store, epsilon, delta, allow_raise, ledger_dir) -> None:
     """Set the budget (EPSILON, DELTA) of dataset STORE's rows: lowering is always allowed,
     raising only with --raise."""

@@ -16,7 +16,7 @@ from kahm_dask.privacy.ledger import LEDGER_DIR_ENV as LEDGER_ENV
 
 __all__ = ["cluster_options", "tls_options", "tls_settings", "param_type", "parameter_options", "check_as_options",
            "estimator_params", "StoreArgument", "storage_option", "SPECIAL_OPTIONS", "NOT_OPTIONS",
-           "TLS_WITH_CLUSTER_CONFIG", "VERBOSE_HELP", "LEDGER_ENV"]
+           "TLS_WITH_CLUSTER_CONFIG", "VERBOSE_HELP", "LEDGER_DIR_HELP"]
 
 
 def dashboard_option(f):
@@ -97,6 +97,10 @@ def param_type(name: str) -> click.ParamType:
     )
 
 
+#: Where the privacy ledgers are, for the help of every --ledger-dir.
+LEDGER_DIR_HELP = (f"Ledger directory (default: ${LEDGER_ENV}, else $XDG_DATA_HOME/kahm-dask/ledgers, "
+                   "by default ~/.local/share/kahm-dask/ledgers)")
+
 #: Options of ``kahm-dask train`` that are not named after their parameter, or take another form
 #: (the other parameters of the Dask estimator are options ``--<name>``, generated from the table).
 SPECIAL_OPTIONS = {
@@ -116,7 +120,7 @@ SPECIAL_OPTIONS = {
              "refused before any noise is drawn."),
     "ledger": click.option(
         "--ledger-dir", "ledger", type=click.Path(file_okay=False, path_type=Path), default=None,
-        help=f"Ledger directory (default: ${LEDGER_ENV}, else ~/.local/share/kahm-dask/ledgers)."),
+        help=LEDGER_DIR_HELP + "."),
 }
 
 

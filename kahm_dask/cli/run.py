@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from kahm_dask.cli import session
-from kahm_dask.cli.options import LEDGER_ENV, TLS_WITH_CLUSTER_CONFIG, VERBOSE_HELP, tls_options, tls_settings
+from kahm_dask.cli.options import LEDGER_DIR_HELP, TLS_WITH_CLUSTER_CONFIG, VERBOSE_HELP, tls_options, tls_settings
 from kahm_dask.cli.session import configure_logging, echo_dashboard, fail, interruptible, user_errors
 
 __all__ = ["run"]
@@ -26,8 +26,7 @@ __all__ = ["run"]
               help="Cap of the training data's privacy ledger (overrides privacy.budget; lowers a stored budget, "
                    "never raises it).")
 @click.option("--ledger-dir", type=click.Path(file_okay=False, path_type=Path),
-              help=f"Ledger directory (overrides privacy.ledger_dir; default ${LEDGER_ENV}, else "
-                   "~/.local/share/kahm-dask/ledgers).")
+              help=LEDGER_DIR_HELP + "; overrides privacy.ledger_dir.")
 @click.option("--dashboard-address", metavar="HOST:PORT",
               help="Dashboard of the LocalCluster (overrides cluster.dashboard_address; default 127.0.0.1:8787, "
                    "this machine only; 'none' turns it off).")

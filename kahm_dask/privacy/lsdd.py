@@ -233,7 +233,7 @@ def _kernel_fold_sums(
 
     The (n, b_c) design matrices are never formed: the rows of each fold are taken in blocks of
     about :data:`_BLOCK_ENTRIES` entries, whose squared distances are computed once and reused
-    for every width. Each kernel entry is the old ``exp(-sq / (2 sigma^2))`` bit for bit; only
+    for every width. Each kernel entry is ``exp(-sq / (2 sigma^2))`` bit for bit; only
     the order of the (non-negative) summands differs.
     """
     order = np.argsort(folds, kind="stable")

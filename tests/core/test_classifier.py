@@ -12,6 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from kahm_dask import KAHMClassifier, WideKAHM, class_matching_scores
+from kahm_dask.datasets import make_spiral
 
 from .._oracle_data import three_blobs as _blobs
 
@@ -44,6 +45,9 @@ def test_oracle20_three_arm_spiral(n_layers):
     u_train = np.linspace(0, 1, 100)
     Xtr = np.vstack([_spiral(u_train, c) for c in classes])
     ytr = np.repeat(classes, 100)
+    X_public, y_public = make_spiral(u_train)  # the library's generator is the same data
+    np.testing.assert_array_equal(X_public, Xtr)
+    np.testing.assert_array_equal(y_public, ytr)
     Xte = np.vstack(
         [_spiral(rng.uniform(0, 1, 100), c) + rng.normal(0, 0.01, size=(100, 2)) for c in classes]
     )

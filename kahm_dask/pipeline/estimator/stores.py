@@ -29,7 +29,7 @@ NOT_STORED = ("store_dir", "storage_options", *NOT_STORED_PARAMS)
 
 def store_root(estimator: Any) -> Location:
     """``estimator.store_dir`` (a local directory, created, or a URL), or a new temporary directory
-    deleted with the estimator (the previous fit's temporary directory is deleted now)."""
+    deleted with the estimator (a refit deletes the previous fit's temporary directory)."""
     previous = estimator.__dict__.pop("_owned_dir", None)
     if previous is not None:
         previous()
