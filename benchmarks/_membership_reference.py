@@ -26,16 +26,8 @@ from scipy.spatial.distance import cdist, pdist
 
 from kahm_dask._random import RandomState, as_generator, as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_positive_int
-from kahm_dask.privacy.membership import (
-    _CENTRE_STREAM,
-    _FOLD_STREAM,
-    _LSDD_STREAM,
-    _MEDIAN_STREAM,
-    LAMBDA_GRID,
-    SIGMA_FACTORS,
-    LSDDResult,
-    _as_distances,
-)
+from kahm_dask.privacy.lsdd import CENTRE_STREAM, FOLD_STREAM, LAMBDA_GRID, MEDIAN_STREAM, SIGMA_FACTORS, LSDDResult
+from kahm_dask.privacy.membership import LSDD_STREAM, _as_distances
 
 __all__ = [
     "reference_lsdd",
@@ -167,21 +159,21 @@ def reference_lsdd(
     )
     if sigma_list is None:
         scale = _sigma_scale(
-            pool, median_subset, as_generator(child_seed_sequence(root, _MEDIAN_STREAM))
+            pool, median_subset, as_generator(child_seed_sequence(root, MEDIAN_STREAM))
         )
         sigmas = scale * np.asarray(SIGMA_FACTORS)
     else:
         sigmas = _as_grid(sigma_list, "sigma_list")
 
     b_c = min(pool.shape[0], n_centers)
-    centre_rng = as_generator(child_seed_sequence(root, _CENTRE_STREAM))
+    centre_rng = as_generator(child_seed_sequence(root, CENTRE_STREAM))
     centres = pool[centre_rng.choice(pool.shape[0], b_c, replace=False)]
     sq_a = cdist(a, centres, "sqeuclidean")
     sq_b = cdist(b, centres, "sqeuclidean")
     sq_c = cdist(centres, centres, "sqeuclidean")
 
     if sigmas.size * lambdas.size > 1:
-        fold_rng = as_generator(child_seed_sequence(root, _FOLD_STREAM))
+        fold_rng = as_generator(child_seed_sequence(root, FOLD_STREAM))
         sigma, lam = _cv_select(sq_a, sq_b, sq_c, dim, sigmas, lambdas, n_folds, fold_rng)
     else:
         sigma, lam = float(sigmas[0]), float(lambdas[0])
@@ -206,7 +198,7 @@ def reference_mis(
     finite_test = dist_test[np.isfinite(dist_test)]
     median = float(np.median(np.concatenate([finite_train, finite_test])))
     median = median if median > 0.0 else 1.0
-    lsdd_seed = child_seed_sequence(as_seed_sequence(random_state), _LSDD_STREAM)
+    lsdd_seed = child_seed_sequence(as_seed_sequence(random_state), LSDD_STREAM)
     raw = reference_lsdd(finite_train, finite_test, random_state=lsdd_seed, **lsdd_kwargs)
     norm = reference_lsdd(
         finite_train / median, finite_test / median, random_state=lsdd_seed, **lsdd_kwargs
@@ -295,7 +287,7 @@ def l2_agreement_bound(
     b_c = min(pool.shape[0], n_centers)
     root = as_seed_sequence(random_state)
     centres = pool[
-        as_generator(child_seed_sequence(root, _CENTRE_STREAM)).choice(
+        as_generator(child_seed_sequence(root, CENTRE_STREAM)).choice(
             pool.shape[0], b_c, replace=False
         )
     ]

@@ -38,7 +38,8 @@ from benchmarks._membership_reference import (
     sigma_perturbation_bound,
 )
 from kahm_dask._random import as_generator, as_seed_sequence, child_seed_sequence
-from kahm_dask.privacy.membership import _LSDD_STREAM, _MEDIAN_STREAM, _lsdd_runs, membership_inference_from_distances
+from kahm_dask.privacy.lsdd import MEDIAN_STREAM, lsdd_runs
+from kahm_dask.privacy.membership import LSDD_STREAM, membership_inference_from_distances
 
 SEED = 0
 CASES = {
@@ -68,13 +69,13 @@ def check_agreement(d_tr: np.ndarray, d_te: np.ndarray, new, ref) -> dict[str, f
     ref_raw, ref_norm, median = ref
     if new.median_distance != median:
         raise AssertionError(f"pooled median {new.median_distance} != {median}")
-    lsdd_seed = child_seed_sequence(as_seed_sequence(SEED), _LSDD_STREAM)
+    lsdd_seed = child_seed_sequence(as_seed_sequence(SEED), LSDD_STREAM)
     a, b = d_tr[np.isfinite(d_tr)], d_te[np.isfinite(d_te)]
-    raw, norm = _lsdd_runs(a, b, (1.0, median), random_state=lsdd_seed)
+    raw, norm = lsdd_runs(a, b, (1.0, median), random_state=lsdd_seed)
     if (new.mis, new.mis_norm) != (raw.l2, norm.l2):
         raise AssertionError("membership_inference_from_distances differs from its own LSDD runs")
     # the sigma grid: the reference's median pairwise distance times SIGMA_FACTORS
-    median_rng = as_generator(child_seed_sequence(lsdd_seed, _MEDIAN_STREAM))
+    median_rng = as_generator(child_seed_sequence(lsdd_seed, MEDIAN_STREAM))
     scale = _sigma_scale(np.concatenate([a, b])[:, None], 2000, median_rng)
     R = max(a.max(), b.max()) / median
     rho_sigma = sigma_perturbation_bound(R, scale / median)

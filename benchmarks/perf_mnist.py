@@ -1,7 +1,7 @@
 """Performance on MNIST: today's code against a baseline checkout, with standard baselines.
 
 One sitting, the same data (MNIST 60 000 training / 10 000 test rows, features tanh(pixel/255),
-docs/algorithm.md#mnist-preprocessing) and settings (n = 20, N_b = 1000, L = ``--layers``), one
+docs/decisions.md#mnist-preprocessing) and settings (n = 20, N_b = 1000, L = ``--layers``), one
 subprocess per row (its own peak RSS), the load average recorded before each row:
 
 * ``new``        — :class:`KAHMClassifier` with ``n_jobs=2`` (one BLAS thread per thread): fit,

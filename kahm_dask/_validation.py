@@ -159,7 +159,7 @@ def check_class_sizes(counts: Mapping[Any, int], min_rows: int = 2) -> None:
 
 def check_n_components(n_components: int, n_features: int, stacklevel: int = 2) -> None:
     """Warn when ``n_components`` exceeds ``n_features``: the subspace is capped
-    (docs/algorithm.md#kahm-guards, docs/algorithm.md#decision-dimension-caps).
+    (docs/algorithm.md#kahm-guards, docs/decisions.md#decision-dimension-caps).
 
     Not an error: every KAHM caps its dimension at ``min(n, N − 1, p, rank)`` per layer and
     branch by design, and the default ``n_components=20`` must keep working on data with

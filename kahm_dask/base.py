@@ -31,7 +31,7 @@ def class_matching_scores(distances: np.ndarray) -> np.ndarray:
     distances : (m, C) per-class distances Γ_c ≥ 0, possibly +∞. Returns (m, C) in
     [e^{-1}, 1]. Rows of zeros give 1 everywhere; with k ≥ 1 infinite entries in a row, those
     get e^{-1/k} and the finite ones 1 (the limit rule,
-    docs/algorithm.md#decision-infinite-distances).
+    docs/decisions.md#decision-infinite-distances).
     """
     return np.exp(-exponent_ratios(np.asarray(distances, dtype=np.float64)))
 

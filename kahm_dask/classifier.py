@@ -63,7 +63,7 @@ class KAHMClassifier(KAHMClassifierBase):
     n_layers : int, default=1
         Layers L of each deep KAHM (layer dimension max(n − l + 1, 1)). 1 by evidence: deeper
         layers did not change one prediction on five data sets with the same noise
-        (docs/algorithm.md#decision-default-depth), and each layer adds a fit per branch and a
+        (docs/decisions.md#decision-default-depth), and each layer adds a fit per branch and a
         pass over the queries.
     block_size : int, default=1000
         N_b: a class of N_c rows gets S_c = max(1, round(N_c / N_b)) branches
@@ -100,7 +100,7 @@ class KAHMClassifier(KAHMClassifierBase):
     max_passes : int, default=100
         Cap of the smoother M_max.
     s_rule : {"round", "ceil"}, default="round"
-        Rounding of N_c / N_b to the branch count S_c (docs/algorithm.md#decision-s-rule).
+        Rounding of N_c / N_b to the branch count S_c (docs/decisions.md#decision-s-rule).
     min_range : float or None, default=1e-3
         Code range below which a KAHM direction is dropped; None or 0: no such rule
         (docs/algorithm.md#kahm-guards).

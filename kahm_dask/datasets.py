@@ -130,7 +130,7 @@ def make_class_blobs(
 def make_spiral(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The author's 2-D three-arm spiral (``datagen`` of demoGIKM.m).
 
-    Used by docs/algorithm.md#oracle-spiral.
+    The data of docs/oracles.md#oracle-spiral (whose test checks it against the formula).
 
     u : (k,) positions in [0, 1]. Returns X (3k, 2) with rows (r sin t, r cos t),
     r = 0.25 + 0.7u, t = 2c + 2u for classes c = 1, 2, 3, and y (3k,) in {1, 2, 3}.

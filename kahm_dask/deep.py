@@ -3,7 +3,7 @@
 A deep KAHM stacks L KAHMs of the same data with dimensions ``max(n − l + 1, 1)`` and returns,
 per query, the layer output nearest to the query. A wide KAHM k-means-partitions the data into
 S branches, one deep KAHM each, and returns the branch output nearest to the query. Ties keep
-the lowest layer / branch index (docs/algorithm.md#decision-ties). See
+the lowest layer / branch index (docs/decisions.md#decision-ties). See
 docs/algorithm.md#deep-kahm and docs/algorithm.md#wide-kahm.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
@@ -34,7 +34,7 @@ __all__ = ["DeepKAHM", "WideKAHM", "layer_dimensions"]
 def layer_dimensions(n_components: int, n_layers: int) -> list[int]:
     """Requested dimension of layer l = 1..L: ``max(n − l + 1, 1)``.
 
-    See docs/algorithm.md#decision-layer-dimensions.
+    See docs/decisions.md#decision-layer-dimensions.
     """
     return [max(n_components - l + 1, 1) for l in range(1, n_layers + 1)]
 
@@ -134,7 +134,7 @@ class DeepKAHM(_BatchEvaluator):
     ----------
     n_components : int, default=20
         n: layer l asks for dimension ``max(n − l + 1, 1)``
-        (docs/algorithm.md#decision-layer-dimensions).
+        (docs/decisions.md#decision-layer-dimensions).
     n_layers : int, default=5
         L.
     min_range : float or None, default=1e-3
@@ -191,9 +191,9 @@ class DeepKAHM(_BatchEvaluator):
     def _kahm(self) -> KAHM:
         return KAHM(self.n_components, min_range=self.min_range, chunk_size=self.chunk_size, eval_dtype=self.eval_dtype)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None) -> DeepKAHM:
         """Fit L KAHMs to ``Y`` (N, p)."""
-        check_estimator_params(self)
         Y = as_data_matrix(Y, "Y")
         self._fit_validated(Y)
         return self
@@ -205,8 +205,7 @@ class DeepKAHM(_BatchEvaluator):
         for n_l in layer_dimensions(self.n_components, self.n_layers):
             dim = min(n_l, subspace.n_cap)
             if dim not in by_dim:
-                layer = self._kahm()
-                layer._check_params()
+                layer = self._kahm()  # its parameters are this model's, checked by its fit
                 layer._fit_subspace(Y, subspace, dim)
                 by_dim[dim] = layer
             layers.append(by_dim[dim])
@@ -387,13 +386,13 @@ class WideKAHM(_BatchEvaluator):
             kmeans_dims=self.kmeans_dims,
         )
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None, *, partition=None) -> WideKAHM:
         """Fit to ``Y`` (N, p).
 
         ``partition`` : optional (N,) integer branch labels that replace the k-means
         partition (e.g. labels computed by the Dask pipeline); each branch needs ≥ 2 rows.
         """
-        check_estimator_params(self)
         Y = as_data_matrix(Y, "Y")
         check_n_rows(Y.shape[0], 2, "Y")
         labels, ids = self.branch_labels(Y, partition)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.linalg import eigh, svd
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
@@ -26,7 +26,7 @@ from kahm_dask._validation import (
     check_n_features,
 )
 from kahm_dask.kernel import gaussian_kernel_matrix, kernel_scale
-from kahm_dask.params import check_estimator_params, check_params, parameter_constraints
+from kahm_dask.params import check_params, parameter_constraints
 from kahm_dask.regularization import solve_lambda_spectral
 
 __all__ = [
@@ -115,8 +115,8 @@ def principal_subspace(Y: np.ndarray, n_max: int, min_range: float | None = 1e-3
     The dimension is ``min(n_max, N − 1, p, #{σ_k > ε_mach·max(1, σ_1)})``, then lowered to
     ``j − 1`` where ``j`` is the first code coordinate whose range over the samples is below
     ``min_range`` (floor 1 while σ_1 passes the cap). Rank-0 data get 0 directions. The decisions:
-    docs/algorithm.md#decision-dimension-caps, docs/algorithm.md#decision-eigenvalue-cap,
-    docs/algorithm.md#decision-rank-floor and docs/algorithm.md#decision-rank-zero.
+    docs/decisions.md#decision-dimension-caps, docs/decisions.md#decision-eigenvalue-cap,
+    docs/decisions.md#decision-rank-floor and docs/decisions.md#decision-rank-zero.
     """
     N, p = Y.shape
     mean = Y.mean(axis=0)
@@ -142,7 +142,7 @@ def principal_subspace(Y: np.ndarray, n_max: int, min_range: float | None = 1e-3
 
 
 #: The fast PCA path defers to the thin SVD when a cap decision (docs/algorithm.md#kahm-guards) is
-#: this close to its threshold (docs/algorithm.md#decision-pca-path).
+#: this close to its threshold (docs/decisions.md#decision-pca-path).
 _PCA_MARGIN = 1e6
 
 
@@ -154,7 +154,7 @@ def _top_principal_directions(
     ``k`` eigenpairs (``subset_by_index``). Returns ``(directions (n, p), variances (n,))``
     after the caps, or ``None`` when a cap decision is within a wide margin of its
     threshold (rank-deficient data, a code range ≈ ``min_range``): there the caller's thin
-    SVD decides, exactly as before (docs/algorithm.md#decision-pca-path).
+    SVD decides (docs/decisions.md#decision-pca-path).
 
     Same subspace as the thin SVD up to rounding (docs/performance.md: 5× cheaper for an
     MNIST cluster of 1000 × 784, which spends 0.64 s in the SVD).
@@ -208,7 +208,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         tests and ablations only.
     lambda_rtol, lambda_atol, lambda_max_iter :
         Stopping rule of the λ* fixed point (docs/algorithm.md#lambda-star,
-        docs/algorithm.md#decision-lambda-stopping): stop when the change of e is at most
+        docs/decisions.md#decision-lambda-stopping): stop when the change of e is at most
         ``lambda_rtol·s`` or, if ``lambda_atol`` is set, when the change of λ is at most
         ``lambda_atol`` (the author's rule).
     eval_dtype : {"float64", "float32"}, default="float64"
@@ -216,7 +216,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         (docs/algorithm.md#evaluation-precision). "float32" runs ``exp`` and the
         (m × N)·(N × (p + 1)) GEMM in float32 (the GEMM ~2.5× faster, docs/performance.md), with
         distances within ~1e-5 relative of float64; queries, images and distances stay float64.
-        "float64" is bit-identical to before. May be changed after ``fit``.
+        May be changed after ``fit``.
 
     Attributes
     ----------
@@ -283,11 +283,13 @@ class KAHM(TransformerMixin, BaseEstimator):
         self.eval_dtype = eval_dtype
 
     # ------------------------------------------------------------------ fitting
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None) -> KAHM:
         """Fit the KAHM to the samples ``Y`` (N, p), one sample per row."""
         self._fit(Y)
         return self
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit_transform(self, Y, y=None, **fit_params) -> np.ndarray:
         """Fit and return the images of the training rows, (N, p).
 
@@ -296,11 +298,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         """
         return self._fit(Y, training_images=True)
 
-    def _check_params(self) -> None:
-        check_estimator_params(self)
-
     def _fit(self, Y, training_images: bool = False) -> np.ndarray | None:
-        self._check_params()
         Y = as_data_matrix(Y, "Y")
         subspace = principal_subspace(Y, self.n_components, self.min_range)
         return self._fit_subspace(Y, subspace, self.n_components, training_images)
@@ -339,7 +337,7 @@ class KAHM(TransformerMixin, BaseEstimator):
             lam, e_hat, n_iter = float(self.regularization), float("nan"), 0
         elif s == 0.0:
             # All-zero data are rank 0: A(y) = ȳ = 0 for every λ > 0
-            # (docs/algorithm.md#decision-all-zero-data).
+            # (docs/decisions.md#decision-all-zero-data).
             lam, e_hat, n_iter = 1.0, 0.0, 0
         else:
             c2 = np.einsum("ij,ij->i", C[:, :p], C[:, :p])

@@ -21,7 +21,7 @@ __all__ = [
 
 def kernel_scale(n: int) -> float:
     """Return the factor ``1/(2n)`` of eq. (35); 0 for rank-0 data
-    (n = 0, docs/algorithm.md#decision-rank-zero)."""
+    (n = 0, docs/decisions.md#decision-rank-zero)."""
     return 0.5 / n if n > 0 else 0.0
 
 

@@ -129,7 +129,7 @@ PARAMS: dict[str, Param] = {
         default=1000,
     ),
     "s_rule": Param(
-        (Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/algorithm.md#decision-s-rule)",
+        (Choices("round", "ceil"),), "rounding of N / N_b to the branch count S (docs/decisions.md#decision-s-rule)",
         default="round",
     ),
     "chunk_size": Param(
@@ -137,7 +137,7 @@ PARAMS: dict[str, Param] = {
         default=1000,
     ),
     "n_init": Param(
-        (_at_least(1),), "k-means restarts of every partition (docs/algorithm.md#decision-kmeans-settings)",
+        (_at_least(1),), "k-means restarts of every partition (docs/decisions.md#decision-kmeans-settings)",
         default=1,
     ),
     "kmeans_dims": Param(
@@ -164,7 +164,7 @@ PARAMS: dict[str, Param] = {
     ),
     "min_cluster_size": Param(
         (None, _at_least(1)),
-        "smallest k-means part; None: max(30, n + 2) (docs/algorithm.md#decision-min-cluster-size)",
+        "smallest k-means part; None: max(30, n + 2) (docs/decisions.md#decision-min-cluster-size)",
         default=None,
     ),
     "oversampling_factor": Param(
@@ -207,7 +207,7 @@ PARAMS: dict[str, Param] = {
     "lambda_atol": Param(
         (None, Range(Real, 0, None, closed="neither")),
         "the author's stopping rule instead: when λ changes by at most this; None: lambda_rtol "
-        "(docs/algorithm.md#decision-lambda-stopping)",
+        "(docs/decisions.md#decision-lambda-stopping)",
         default=None,
     ),
     "lambda_max_iter": Param((_at_least(1),), "cap of the λ* fixed-point iterations", default=1000),
@@ -223,7 +223,7 @@ PARAMS: dict[str, Param] = {
     ),
     "delta": Param(
         (Range(Real, 0, 1, closed="left"),),
-        "δ: probability that an entry is released without noise; 0: pure ε-DP (docs/algorithm.md#decision-delta-zero)",
+        "δ: probability that an entry is released without noise; 0: pure ε-DP (docs/decisions.md#decision-delta-zero)",
         default=0.0,
     ),
     "d": Param(
@@ -235,7 +235,7 @@ PARAMS: dict[str, Param] = {
     "bounds": Param(
         (None, "array-like"),
         "public (lower, upper) feature bounds the rows are clipped to; None: the data's min/max, "
-        "which leaks (docs/algorithm.md#decision-public-bounds)",
+        "which leaks (docs/decisions.md#decision-public-bounds)",
         default=None,
     ),
     "dp_data": Param(
@@ -263,7 +263,7 @@ PARAMS: dict[str, Param] = {
         default="noisy",
     ),
     "max_passes": Param(
-        (_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/algorithm.md#decision-smoother-cap)",
+        (_at_least(1),), "cap M_max of the smoother passes of an r rule (docs/decisions.md#decision-smoother-cap)",
         default=100,
     ),
     "ledger": Param(

@@ -4,7 +4,7 @@
 seeded stream per run; while a cluster has fewer than ``min_cluster_size`` rows, S ← S − 1
 and re-cluster, down to S = 1 (:func:`partition_with_min_size`, written once for any clustering
 step). The Dask pipeline applies the same rules with its k-means|| and dask-ml step.
-Decisions: docs/algorithm.md#decision-s-rule, docs/algorithm.md#decision-min-cluster-size.
+Decisions: docs/decisions.md#decision-s-rule, docs/decisions.md#decision-min-cluster-size.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ S_RULES = PARAMS["s_rule"].choices
 
 def n_branches(n_samples: int, block_size: int = 1000, rule: str = "round") -> int:
     """Number of branches S for N samples and block size N_b (eq. 61,
-    docs/algorithm.md#decision-s-rule)."""
+    docs/decisions.md#decision-s-rule)."""
     check_params({"block_size": block_size, "s_rule": rule}, "n_branches")
     if rule == "round":
         S = math.floor(n_samples / block_size + 0.5)
@@ -47,7 +47,7 @@ def n_branches(n_samples: int, block_size: int = 1000, rule: str = "round") -> i
 
 
 def default_min_cluster_size(n_components: int) -> int:
-    """``max(30, n + 2)`` (docs/algorithm.md#decision-min-cluster-size)."""
+    """``max(30, n + 2)`` (docs/decisions.md#decision-min-cluster-size)."""
     return max(30, n_components + 2)
 
 
@@ -72,7 +72,7 @@ def partition_with_min_size(
     ``step(S − a, child(seed, a))`` and is accepted when every one of its ``S − a`` clusters has
     at least ``min_cluster_size`` rows; otherwise S ← S − 1. So at most S − 1 calls; when S
     reaches 1 (or starts there) the result is all zeros and ``step`` is not called
-    (docs/algorithm.md#decision-min-cluster-size). ``logger``, if given, gets one INFO line per
+    (docs/decisions.md#decision-min-cluster-size). ``logger``, if given, gets one INFO line per
     attempt.
 
     Returns (n_rows,) int64 labels in ``0..S−1``.

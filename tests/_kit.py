@@ -79,7 +79,7 @@ def digits_split() -> Split:
 
 
 def three_blobs(seed: int, n_train: int = 200, n_test: int = 100, p: int = 5, sigma: float = 1.0):
-    """Data of docs/algorithm.md#oracle-blobs and docs/algorithm.md#oracle-dp-end-to-end: three
+    """Data of docs/oracles.md#oracle-blobs and docs/oracles.md#oracle-dp-end-to-end: three
     Gaussian blobs in ``p``-D, centres pairwise 10σ apart.
 
     Returns ``X_train (3·n_train, p), y_train, X_test (3·n_test, p), y_test, centres (3, p)``.

@@ -85,7 +85,7 @@ def class_distance_array(
     URL and the options, and open the cluster models themselves). ``n_probe`` routes
     (docs/algorithm.md#routing): per class, each row is evaluated on the ``n_probe`` clusters
     whose centres are nearest to it and the minimum is over those; None or ``n_probe ≥`` a
-    class's clusters evaluates all of them (the same graph as before). ``eval_dtype``: the
+    class's clusters evaluates all of them (one distance block per cluster). ``eval_dtype``: the
     precision of the kernel blocks in the tasks, "float64" or "float32"
     (docs/algorithm.md#evaluation-precision); the distances are float64 either way.
     """

@@ -1,7 +1,7 @@
 """Smoother, DP fabricated data and big-data fabrication (the paper's Definitions 13–14).
 
 The smoother fits a KAHM to the current points and replaces every point by its own KAHM
-image, repeatedly (docs/algorithm.md#decision-smoother-recursion): ``Ŷ_0 = Y⁺_ε``,
+image, repeatedly (docs/decisions.md#decision-smoother-recursion): ``Ŷ_0 = Y⁺_ε``,
 ``Ŷ_m = A_{Ŷ_{m−1},n}(Ŷ_{m−1})``. The fabricated data ``Ỹ = F_n(Y⁺_ε, r)`` are the images
 after the smallest number of passes ``M̃`` whose modelling error does not exceed the original
 data's ``r`` (eqs. 100–106). See docs/algorithm.md#fabrication.

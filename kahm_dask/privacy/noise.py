@@ -50,8 +50,8 @@ product over the base-256 digits ``d_j`` of g (square-and-multiply above 1024 bi
 
 Each conclusion follows from ``lo ≤ r^g ≤ hi``, so it is the one the exact rational comparison
 (``(N+1)·2^(kg) ≤ R^g·2^B``, and so on) reaches, and a draw is refined exactly when that
-comparison would refine it: the same G and the same words drawn as the former exact path,
-which formed ``R**g`` and ``2**(kg)`` in full (kept in ``benchmarks/_noise_reference.py``;
+comparison would refine it: the same G and the same words drawn as the exact path that
+forms ``R**g`` and ``2**(kg)`` in full (kept in ``benchmarks/_noise_reference.py``;
 the tests compare the two draw for draw). Termination: at fixed B, doubling P ends. Each
 rounding moves a bound by a factor below ``1 + 2^(1−P)``, so ``hi/lo ≤ (1 + 2^(1−P))^W`` where W
 counts the roundings that form the enclosure, each as often as its result enters a product:

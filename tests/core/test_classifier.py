@@ -1,7 +1,7 @@
 """KAHM classifier and class-matching scores (docs/algorithm.md#classifier).
 
-Oracles: docs/algorithm.md#oracle-blobs, docs/algorithm.md#oracle-spiral,
-docs/algorithm.md#oracle-argmin-and-scores, docs/algorithm.md#oracle-digits.
+Oracles: docs/oracles.md#oracle-blobs, docs/oracles.md#oracle-spiral,
+docs/oracles.md#oracle-argmin-and-scores, docs/oracles.md#oracle-digits.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kahm_dask import KAHMClassifier, WideKAHM, class_matching_scores
+from kahm_dask.datasets import make_spiral
 from tests._kit import three_blobs as _blobs
 
 
@@ -18,9 +19,9 @@ def _spiral(u: np.ndarray, c: int) -> np.ndarray:
     return np.column_stack([r * np.sin(t), r * np.cos(t)])
 
 
-# ------------------------------------------------------ docs/algorithm.md#oracle-blobs
+# ------------------------------------------------------ docs/oracles.md#oracle-blobs
 def test_oracle19_three_blobs():
-    """docs/algorithm.md#oracle-blobs: blobs 10σ apart, 200 train / 100 test per class:
+    """docs/oracles.md#oracle-blobs: blobs 10σ apart, 200 train / 100 test per class:
     accuracy ≥ 0.99."""
     Xtr, ytr, Xte, yte, centres = _blobs(19)
     d = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
@@ -29,10 +30,10 @@ def test_oracle19_three_blobs():
     assert clf.score(Xte, yte) >= 0.99
 
 
-# ----------------------------------------------------- docs/algorithm.md#oracle-spiral
+# ----------------------------------------------------- docs/oracles.md#oracle-spiral
 @pytest.mark.parametrize("n_layers", [1, 2])
 def test_oracle20_three_arm_spiral(n_layers):
-    """docs/algorithm.md#oracle-spiral: the author's 2-D three-arm spiral (demoGIKM.m datagen):
+    """docs/oracles.md#oracle-spiral: the author's 2-D three-arm spiral (demoGIKM.m datagen):
     class c ∈ {1,2,3}, point (r sin t, r cos t) with r = 0.25 + 0.7u, t = 2c + 2u;
     train u = linspace(0, 1, 100), test u ~ U(0, 1) plus N(0, 0.01²) noise per coordinate.
     n = 2, L ∈ {1, 2}: accuracy 1.00."""
@@ -41,6 +42,9 @@ def test_oracle20_three_arm_spiral(n_layers):
     u_train = np.linspace(0, 1, 100)
     Xtr = np.vstack([_spiral(u_train, c) for c in classes])
     ytr = np.repeat(classes, 100)
+    X_public, y_public = make_spiral(u_train)  # the library's generator is the same data
+    np.testing.assert_array_equal(X_public, Xtr)
+    np.testing.assert_array_equal(y_public, ytr)
     Xte = np.vstack(
         [_spiral(rng.uniform(0, 1, 100), c) + rng.normal(0, 0.01, size=(100, 2)) for c in classes]
     )
@@ -52,7 +56,7 @@ def test_oracle20_three_arm_spiral(n_layers):
     assert clf.score(Xte, yte) == 1.0
 
 
-# ------------------------------------------ docs/algorithm.md#oracle-argmin-and-scores
+# ------------------------------------------ docs/oracles.md#oracle-argmin-and-scores
 @pytest.fixture(scope="module")
 def blob_clf():
     Xtr, ytr, Xte, yte, _ = _blobs(21, n_train=80, n_test=40)
@@ -61,7 +65,7 @@ def blob_clf():
 
 
 def test_oracle21_predict_is_argmin_and_scores(blob_clf):
-    """docs/algorithm.md#oracle-argmin-and-scores: predicted label = argmin of the distance vector;
+    """docs/oracles.md#oracle-argmin-and-scores: predicted label = argmin of the distance vector;
     ms_c ∈ [e^-1, 1] and maximal at the predicted class; ms_c = exp(−Γ_c²/Σ Γ²)."""
     clf, Xtr, _, Xte, _ = blob_clf
     rng = np.random.default_rng(211)
@@ -78,7 +82,7 @@ def test_oracle21_predict_is_argmin_and_scores(blob_clf):
 
 
 def test_oracle21_ties_go_to_lowest_class():
-    """docs/algorithm.md#decision-ties: equal class distances → the lowest class index. Two classes
+    """docs/decisions.md#decision-ties: equal class distances → the lowest class index. Two classes
     with identical training rows give identical distances."""
     rng = np.random.default_rng(212)
     A = rng.normal(size=(30, 4))
@@ -107,8 +111,8 @@ def test_oracle21_ties_go_to_lowest_class():
     ],
 )
 def test_oracle21_class_matching_rules(row, expected):
-    """docs/algorithm.md#oracle-argmin-and-scores / Definition 8 and the +∞ limit rule
-    (docs/algorithm.md#decision-infinite-distances): a zero row → all 1; k infinite
+    """docs/oracles.md#oracle-argmin-and-scores / Definition 8 and the +∞ limit rule
+    (docs/decisions.md#decision-infinite-distances): a zero row → all 1; k infinite
     classes get e^{-1/k}, finite ones 1; all infinite → e^{-1/C}; no over/underflow."""
     out = class_matching_scores(np.array([row]))
     np.testing.assert_allclose(out[0], expected, rtol=1e-14)
@@ -259,6 +263,6 @@ def test_digits_acceptance(digits):
 
 
 def test_digits_depth_does_not_matter(digits):
-    """docs/algorithm.md#oracle-digits (docs/algorithm.md#depth-in-practice): L = 1 and L = 5 give
+    """docs/oracles.md#oracle-digits (docs/algorithm.md#depth-in-practice): L = 1 and L = 5 give
     the same digits accuracy within 0.01."""
     assert abs(_digits_accuracy(digits, 1) - _digits_accuracy(digits, 5)) <= 0.01

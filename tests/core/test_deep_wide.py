@@ -1,8 +1,8 @@
 """Conditionally deep and wide KAHMs (docs/algorithm.md#deep-kahm, docs/algorithm.md#wide-kahm).
 
-Oracles: docs/algorithm.md#oracle-single-layer, docs/algorithm.md#oracle-layers-in-hull,
-docs/algorithm.md#oracle-layer-dimensions, docs/algorithm.md#oracle-wide-min,
-docs/algorithm.md#oracle-kmeans-partition.
+Oracles: docs/oracles.md#oracle-single-layer, docs/oracles.md#oracle-layers-in-hull,
+docs/oracles.md#oracle-layer-dimensions, docs/oracles.md#oracle-wide-min,
+docs/oracles.md#oracle-kmeans-partition.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def _queries(Y: np.ndarray, rng: np.random.Generator, m_near=60, m_mid=30, m_far
     )
 
 
-# ----------------------------------------------- docs/algorithm.md#oracle-single-layer
+# ----------------------------------------------- docs/oracles.md#oracle-single-layer
 def test_oracle15_single_layer_is_kahm():
-    """docs/algorithm.md#oracle-single-layer: L = 1 gives D_{Y,n,1} = A_{Y,n} exactly (images and
+    """docs/oracles.md#oracle-single-layer: L = 1 gives D_{Y,n,1} = A_{Y,n} exactly (images and
     distances)."""
     Y = _data(0)
     Yq = _queries(Y, np.random.default_rng(15))
@@ -70,7 +70,7 @@ def test_distance_only_path_equals_the_distances_with_images():
 
 
 def test_oracle15_depth_monotone_and_nested_composition():
-    """docs/algorithm.md#oracle-single-layer: Γ_{D_{Y,n,L}} is non-increasing in L and ≤
+    """docs/oracles.md#oracle-single-layer: Γ_{D_{Y,n,L}} is non-increasing in L and ≤
     Γ_{A_{Y,n}}. The deep output is the nested composition M_l = A_{Y,n−l+1}(M_{l−1}) (eq. 51) of
     independently fitted KAHMs, the selected layer is the argmin of ‖y − M_l(y)‖ (lowest index on
     ties) and the image is that layer's output."""
@@ -100,10 +100,10 @@ def test_oracle15_depth_monotone_and_nested_composition():
     assert np.abs(direct - outs[1]).max() > 1e-6 * scale
 
 
-# --------------------------------------------- docs/algorithm.md#oracle-layers-in-hull
+# --------------------------------------------- docs/oracles.md#oracle-layers-in-hull
 @pytest.mark.parametrize("seed", [0, 1])
 def test_oracle16_every_layer_in_affine_hull(seed):
-    """docs/algorithm.md#oracle-layers-in-hull: with N < p (N = 8, p = 30), every layer output M_l
+    """docs/oracles.md#oracle-layers-in-hull: with N < p (N = 8, p = 30), every layer output M_l
     lies in aff(Y): least-squares residual ≤ 1e-9·scale."""
     rng = np.random.default_rng(160 + seed)
     Y = rng.normal(size=(8, 30)) + 0.5
@@ -121,7 +121,7 @@ def test_oracle16_every_layer_in_affine_hull(seed):
 
 # --------------------------------------------------------------------------- layers
 def test_layer_dimensions_rule():
-    """docs/algorithm.md#oracle-layer-dimensions (docs/algorithm.md#decision-layer-dimensions):
+    """docs/oracles.md#oracle-layer-dimensions (docs/decisions.md#decision-layer-dimensions):
     layer l has dimension max(n − l + 1, 1), also for L > n."""
     assert layer_dimensions(5, 3) == [5, 4, 3]
     assert layer_dimensions(3, 5) == [3, 2, 1, 1, 1]
@@ -149,9 +149,9 @@ def test_layers_with_equal_dimension_share_one_kahm():
     assert np.all(idx < 5)
 
 
-# --------------------------------------------------- docs/algorithm.md#oracle-wide-min
+# --------------------------------------------------- docs/oracles.md#oracle-wide-min
 def test_oracle17_single_branch_equals_deep():
-    """docs/algorithm.md#oracle-wide-min: S = 1 gives W_{Y,n,L,1} = D_{Y,n,L}."""
+    """docs/oracles.md#oracle-wide-min: S = 1 gives W_{Y,n,L,1} = D_{Y,n,L}."""
     Y = _data(5)
     Yq = _queries(Y, np.random.default_rng(17))
     wide = WideKAHM(4, 3, block_size=1000, random_state=0).fit(Y)
@@ -173,7 +173,7 @@ def wide3():
 
 
 def test_oracle17_min_over_branches(wide3):
-    """docs/algorithm.md#oracle-wide-min (S > 1): Γ_W = min_s Γ_{D_s}; the selected branch is the
+    """docs/oracles.md#oracle-wide-min (S > 1): Γ_W = min_s Γ_{D_s}; the selected branch is the
     argmin; the returned image equals that branch's image (recomputed on the sub-batch it won) to
     1e-12·max|Y|; Theorem 5: Γ_W(y)/‖[y − y^i]_i‖_F < min_s(1 + p N_s²/(2‖Y_s‖_F²))."""
     Y, centres, wide = wide3
@@ -205,7 +205,7 @@ def test_oracle17_min_over_branches(wide3):
 
 
 def test_oracle17_ties_pick_lowest_branch():
-    """docs/algorithm.md#oracle-wide-min / docs/algorithm.md#decision-ties: two identical branches
+    """docs/oracles.md#oracle-wide-min / docs/decisions.md#decision-ties: two identical branches
     tie exactly; the lowest index wins."""
     rng = np.random.default_rng(172)
     A = rng.normal(size=(40, 5)) + 1.0
@@ -219,10 +219,10 @@ def test_oracle17_ties_pick_lowest_branch():
     np.testing.assert_array_equal(gam, wide.branches_[0].distance(Yq))
 
 
-# ------------------------------------------- docs/algorithm.md#oracle-kmeans-partition
+# ------------------------------------------- docs/oracles.md#oracle-kmeans-partition
 @pytest.mark.parametrize("S,min_size", [(3, 30), (3, 150), (5, 20)])
 def test_oracle18_kmeans_partition(S, min_size):
-    """docs/algorithm.md#oracle-kmeans-partition: every cluster has ≥ min_cluster_size rows; the
+    """docs/oracles.md#oracle-kmeans-partition: every cluster has ≥ min_cluster_size rows; the
     clusters cover all rows and are disjoint (each row carries exactly one label in 0..S'−1, every
     label used)."""
     Y, _ = _blobs(1, sizes=(200, 200, 200))
@@ -240,7 +240,7 @@ def test_oracle18_kmeans_partition(S, min_size):
 
 
 def test_oracle18_s_lowering_loop(monkeypatch):
-    """docs/algorithm.md#oracle-kmeans-partition (the retry of docs/algorithm.md#kmeans-partition):
+    """docs/oracles.md#oracle-kmeans-partition (the retry of docs/algorithm.md#kmeans-partition):
     while some cluster is smaller than min_cluster_size, S ← S − 1 and re-cluster. Blobs of 200,
     200, 50 rows with min_cluster_size 100: S = 3 is tried and rejected, S = 2 accepted."""
     Y, _ = _blobs(2, sizes=(200, 200, 50))
@@ -285,7 +285,7 @@ def test_oracle18_s_lowering_loop(monkeypatch):
     ],
 )
 def test_n_branches_rules(N, block, rule, expected):
-    """docs/algorithm.md#decision-s-rule: S = max(1, round_half_up(N/N_b)) or ⌈N/N_b⌉."""
+    """docs/decisions.md#decision-s-rule: S = max(1, round_half_up(N/N_b)) or ⌈N/N_b⌉."""
     assert n_branches(N, block, rule) == expected
 
 

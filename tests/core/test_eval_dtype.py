@@ -185,7 +185,3 @@ def test_invalid_value_is_rejected_naming_the_parameter(classifiers, digits, ran
         clf.set_params(eval_dtype="float16").predict(digits.X_test)
     with pytest.raises(ValueError, match="'eval_dtype' parameter of WideKAHM"):
         clf.models_[0]._distance_rows(digits.X_test, n_probe=1, dtype="float16")
-
-
-
-

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.base import BaseEstimator
 
-import kahm_dask.federated as federated
+import kahm_dask.federated.classifier as federated_classifier
 from kahm_dask import KAHMClassifier
 from kahm_dask.federated import (
     MIN_ROWS_PER_CLASS,
@@ -93,7 +93,7 @@ def test_only_site_answers_cross_the_boundary(digits, centralised, monkeypatch):
         received.append((args, kwargs))
         return combine(*args, **kwargs)
 
-    monkeypatch.setattr(federated, "combine", spy)
+    monkeypatch.setattr(federated_classifier, "combine", spy)
     fed = FederatedClassifier(sites)
     label = fed.predict(digits.X_test)
     assert len(received) == 1

@@ -155,7 +155,7 @@ def test_duplicate_rows_and_constant_features_train(epsilon):
 
 def test_all_rows_of_a_class_identical_trains():
     Xb, yb = _blobs()
-    # rank-0 class: its KAHM is the class mean (docs/algorithm.md#decision-rank-zero)
+    # rank-0 class: its KAHM is the class mean (docs/decisions.md#decision-rank-zero)
     Xb[yb == 0] = 0.3
     clf = KAHMClassifier(n_components=4, n_layers=2, random_state=0).fit(Xb, yb)
     assert np.isfinite(clf.class_distances(Xb)).all()

@@ -1,8 +1,8 @@
 """The KAHM A_{Y,n} (docs/algorithm.md#kahm, docs/algorithm.md#distance).
 
-Oracles: the KAHM oracles of docs/algorithm.md (docs/algorithm.md#oracle-batch-equals-weights
-to docs/algorithm.md#oracle-batch-chunk-invariance), docs/algorithm.md#oracle-definition-1 and
-docs/algorithm.md#oracle-guards (the caps of docs/algorithm.md#kahm-guards and
+Oracles: the KAHM oracles of docs/oracles.md (docs/oracles.md#oracle-batch-equals-weights
+to docs/oracles.md#oracle-batch-chunk-invariance), docs/oracles.md#oracle-definition-1 and
+docs/oracles.md#oracle-guards (the caps of docs/algorithm.md#kahm-guards and
 docs/algorithm.md#denominator-guard).
 """
 
@@ -32,7 +32,7 @@ def _data(seed: int, N: int = 100, p: int = 15, offset: float = 0.5) -> np.ndarr
 
 
 def _near_far(Y: np.ndarray, rng: np.random.Generator, m_near: int, m_far: int, far: float = 50.0):
-    """Queries of docs/algorithm.md#oracle-batch-equals-weights: training rows + 0.3·sd·N(0, I) and
+    """Queries of docs/oracles.md#oracle-batch-equals-weights: training rows + 0.3·sd·N(0, I) and
     the mean + far·sd·N(0, I)."""
     N, p = Y.shape
     sd = Y.std()
@@ -49,8 +49,8 @@ def _model_query_d2(model: KAHM, Yq: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def fitted():
-    """Setting of docs/algorithm.md#oracle-batch-equals-weights,
-    docs/algorithm.md#oracle-stabilised-equals-naive and docs/algorithm.md#oracle-theorem-bounds:
+    """Setting of docs/oracles.md#oracle-batch-equals-weights,
+    docs/oracles.md#oracle-stabilised-equals-naive and docs/oracles.md#oracle-theorem-bounds:
     N = 100, p = 15, n = 4."""
     Y = _data(0)
     model = KAHM(n_components=4).fit(Y)
@@ -61,7 +61,7 @@ def fitted():
 
 # --------------------------------------------------------------------------- Definition 1
 def test_definition1_encoding_and_theta(fitted):
-    """docs/algorithm.md#oracle-definition-1 (steps 1–2 of docs/algorithm.md#kahm-definition): rows
+    """docs/oracles.md#oracle-definition-1 (steps 1–2 of docs/algorithm.md#kahm-definition): rows
     of P are the top-n unit eigenvectors of Σ_Y, θ = diag(σ_1..σ_n), the codes are whitened, and K
     has a unit diagonal and is symmetric positive definite."""
     Y, model, K, _ = fitted
@@ -82,9 +82,9 @@ def test_definition1_encoding_and_theta(fitted):
     np.testing.assert_allclose(np.sort(model.kernel_eigenvalues_), mu, atol=1e-10)
 
 
-# --------------------------------------- docs/algorithm.md#oracle-batch-equals-weights
+# --------------------------------------- docs/oracles.md#oracle-batch-equals-weights
 def test_oracle6_batch_image_equals_explicit_weights(fitted):
-    """docs/algorithm.md#oracle-batch-equals-weights: the batch image equals w(y)ᵀY with w = h/1ᵀh,
+    """docs/oracles.md#oracle-batch-equals-weights: the batch image equals w(y)ᵀY with w = h/1ᵀh,
     h = (K+λI)^{-1}k(Py) by a linear solve (kernel rows shifted by exp(min_j D²/(2n))), to
     1e-9·max|Y|, at near and far queries; some far queries have every unshifted kernel value
     underflow to 0."""
@@ -110,10 +110,10 @@ def test_oracle6_batch_image_equals_explicit_weights(fitted):
     assert np.all(np.isfinite(img)) and np.all(np.isfinite(gam))
 
 
-# ------------------------------------------------ docs/algorithm.md#oracle-affine-hull
+# ------------------------------------------------ docs/oracles.md#oracle-affine-hull
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_oracle7_image_in_affine_hull(seed):
-    """docs/algorithm.md#oracle-affine-hull: with N < p (N = 6, p = 20), A(y) − y¹ ∈ span{y^i − y¹};
+    """docs/oracles.md#oracle-affine-hull: with N < p (N = 6, p = 20), A(y) − y¹ ∈ span{y^i − y¹};
     the least-squares residual is ≤ 1e-9·scale, for near and far queries."""
     rng = np.random.default_rng(70 + seed)
     Y = rng.normal(size=(6, 20)) + 1.0
@@ -127,9 +127,9 @@ def test_oracle7_image_in_affine_hull(seed):
     assert affine_residual(Yq, Y).min() > 1e-2 * scale
 
 
-# ---------------------------------- docs/algorithm.md#oracle-small-lambda-interpolates
+# ---------------------------------- docs/oracles.md#oracle-small-lambda-interpolates
 def test_oracle8_small_lambda_interpolates():
-    """docs/algorithm.md#oracle-small-lambda-interpolates: on well-conditioned K
+    """docs/oracles.md#oracle-small-lambda-interpolates: on well-conditioned K
     (N = 20, p = 10, n = 5; precondition μ_min(K) > 1e-4), forcing λ = 1e-8 gives A(y^j) ≈ y^j
     (max error ≤ 1e-4·scale); with λ*, ‖y^j − A(y^j)‖ > 0."""
     rng = np.random.default_rng(8)
@@ -147,9 +147,9 @@ def test_oracle8_small_lambda_interpolates():
     assert np.all(gam > 1e-3 * scale)
 
 
-# ------------------------------------ docs/algorithm.md#oracle-stabilised-equals-naive
+# ------------------------------------ docs/oracles.md#oracle-stabilised-equals-naive
 def test_oracle9_stabilised_equals_naive(fitted):
-    """docs/algorithm.md#oracle-stabilised-equals-naive: the stabilised batch formula equals the
+    """docs/oracles.md#oracle-stabilised-equals-naive: the stabilised batch formula equals the
     naive w = K_q(K + λI)^{-1} (unshifted, row-normalised) to 1e-10·max|Y| wherever the naive kernel
     does not underflow."""
     Y, model, K, codes = fitted
@@ -168,10 +168,10 @@ def test_oracle9_stabilised_equals_naive(fitted):
     np.testing.assert_allclose(model.transform(Yq[ok]), naive, rtol=0, atol=1e-10 * np.abs(Y).max())
 
 
-# ------------------------------------- docs/algorithm.md#oracle-permutation-invariance
+# ------------------------------------- docs/oracles.md#oracle-permutation-invariance
 @pytest.mark.parametrize("seed", [0, 1])
 def test_oracle10_permutation_invariance(seed):
-    """docs/algorithm.md#oracle-permutation-invariance: shuffling the rows of Y leaves A_{Y,n}(y)
+    """docs/oracles.md#oracle-permutation-invariance: shuffling the rows of Y leaves A_{Y,n}(y)
     (and λ*) unchanged."""
     rng = np.random.default_rng(10 + seed)
     Y = _data(seed, N=80, p=12)
@@ -185,10 +185,10 @@ def test_oracle10_permutation_invariance(seed):
     np.testing.assert_allclose(b.training_error_, a.training_error_, rtol=1e-10)
 
 
-# ------------------------------------------- docs/algorithm.md#oracle-basis-invariance
+# ------------------------------------------- docs/oracles.md#oracle-basis-invariance
 @pytest.mark.parametrize("kind", ["orthogonal", "signs"])
 def test_oracle11_basis_invariance_reference(fitted, kind):
-    """docs/algorithm.md#oracle-basis-invariance: with P → QP (random orthogonal Q, or sign flips),
+    """docs/oracles.md#oracle-basis-invariance: with P → QP (random orthogonal Q, or sign flips),
     the kernel matrix built in the test from the QP-codes (θ = covariance of QPy, eq. 36, full
     Mahalanobis metric), λ* from solve_lambda, and the explicit images all equal the model's."""
     Y, model, _, _ = fitted
@@ -213,7 +213,7 @@ def test_oracle11_basis_invariance_reference(fitted, kind):
 
 
 def test_oracle11_sign_flips_in_fit(monkeypatch, fitted):
-    """docs/algorithm.md#oracle-basis-invariance through the fitting code: flipping the signs of the
+    """docs/oracles.md#oracle-basis-invariance through the fitting code: flipping the signs of the
     principal directions returned by the PCA (the SVD sign ambiguity) changes neither λ* nor the
     images."""
     Y, model, _, _ = fitted
@@ -234,9 +234,9 @@ def test_oracle11_sign_flips_in_fit(monkeypatch, fitted):
     np.testing.assert_allclose(other.transform(Yq), model.transform(Yq), rtol=0, atol=1e-10 * np.abs(Y).max())
 
 
-# --------------------------------------------- docs/algorithm.md#oracle-theorem-bounds
+# --------------------------------------------- docs/oracles.md#oracle-theorem-bounds
 def test_oracle12_theorems_2_and_3(fitted):
-    """docs/algorithm.md#oracle-theorem-bounds: at 1000 near + far queries,
+    """docs/oracles.md#oracle-theorem-bounds: at 1000 near + far queries,
     ‖A(y)‖ < ‖Y‖₂(λ*+μ_max)/(λ*+μ_min) (Thm 2) and
     Γ(y) < (λ*+μ_max)/(λ*+μ_min)·‖[y − y^i]_i‖₂ (Thm 3); both below 1 + pN²/(2‖Y‖_F²)."""
     Y, model, K, _ = fitted
@@ -257,9 +257,9 @@ def test_oracle12_theorems_2_and_3(fitted):
     np.testing.assert_allclose(gam, np.linalg.norm(Yq - img, axis=1), rtol=1e-14)
 
 
-# ------------------------------------------ docs/algorithm.md#oracle-distance-monotone
+# ------------------------------------------ docs/oracles.md#oracle-distance-monotone
 def test_oracle13_distance_monotonicity_on_blob():
-    """docs/algorithm.md#oracle-distance-monotone: Γ at held-out blob points is smaller than Γ at
+    """docs/oracles.md#oracle-distance-monotone: Γ at held-out blob points is smaller than Γ at
     points 10σ away from the centre, for at least 99% of (held-out, far) pairs."""
     rng = np.random.default_rng(13)
     p, sigma = 5, 1.0
@@ -273,9 +273,9 @@ def test_oracle13_distance_monotonicity_on_blob():
     assert np.mean(g_in[:, None] < g_out[None, :]) >= 0.99
 
 
-# ------------------------------------- docs/algorithm.md#oracle-batch-chunk-invariance
+# ------------------------------------- docs/oracles.md#oracle-batch-chunk-invariance
 def test_oracle14_batch_one_by_one_and_chunks(fitted):
-    """docs/algorithm.md#oracle-batch-chunk-invariance: batch = one-by-one evaluation and
+    """docs/oracles.md#oracle-batch-chunk-invariance: batch = one-by-one evaluation and
     chunk_size=7 = unchunked, to 1e-12·max|Y| (images) — for near and far queries."""
     Y, model, _, _ = fitted
     rng = np.random.default_rng(14)
@@ -295,9 +295,9 @@ def test_oracle14_batch_one_by_one_and_chunks(fitted):
     np.testing.assert_allclose(imgb, img, rtol=0, atol=tol)
 
 
-# ----------------------------------------------------- docs/algorithm.md#oracle-guards
+# ----------------------------------------------------- docs/oracles.md#oracle-guards
 def test_cap_n_at_N_minus_1_and_p():
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#kahm-guards): n ≤ N − 1 and n ≤ p."""
+    """docs/oracles.md#oracle-guards (docs/algorithm.md#kahm-guards): n ≤ N − 1 and n ≤ p."""
     rng = np.random.default_rng(33)
     m = KAHM(n_components=20).fit(rng.normal(size=(5, 10)))
     assert m.n_components_ == 4
@@ -311,7 +311,7 @@ def test_cap_n_at_N_minus_1_and_p():
 
 @pytest.mark.parametrize("scale", [100.0, 1e8])
 def test_cap_relative_eigenvalue_threshold(scale):
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#decision-eigenvalue-cap): rank-3 data on a
+    """docs/oracles.md#oracle-guards (docs/decisions.md#decision-eigenvalue-cap): rank-3 data on a
     large scale keep only the true rank (min_range disabled, so the eigenvalue cap alone decides).
     At scale 1e8 the round-off eigenvalues exceed the absolute ε_mach, so only the relative
     threshold ε_mach·max(1, σ₁) rejects them."""
@@ -327,7 +327,7 @@ def test_cap_relative_eigenvalue_threshold(scale):
 
 
 def test_min_range_rule_lowers_n():
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#kahm-guards): n ← j − 1 for the first code
+    """docs/oracles.md#oracle-guards (docs/algorithm.md#kahm-guards): n ← j − 1 for the first code
     coordinate j whose range is below min_range=1e-3 (absolute); min_range=None keeps it."""
     rng = np.random.default_rng(31)
     G = rng.normal(size=(80, 5))
@@ -343,7 +343,7 @@ def test_min_range_rule_lowers_n():
 
 
 def test_min_range_floor_is_one():
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#decision-rank-floor): if even the first
+    """docs/oracles.md#oracle-guards (docs/decisions.md#decision-rank-floor): if even the first
     coordinate's range is below 1e-3 (but σ₁ passes the eigenvalue cap), n = 1, not 0; the model
     still maps into the hull."""
     rng = np.random.default_rng(32)
@@ -363,7 +363,7 @@ def test_min_range_floor_is_one():
     ids=["equal-rows", "N=1", "all-zero"],
 )
 def test_rank0_data_map_to_mean(Y):
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#decision-rank-zero): all rows equal,
+    """docs/oracles.md#oracle-guards (docs/decisions.md#decision-rank-zero): all rows equal,
     or N = 1 → n_components_ = 0, and transform returns the mean for any query (near or far);
     Γ(y) = ‖y − ȳ‖."""
     m = KAHM(n_components=3).fit(Y)
@@ -381,7 +381,7 @@ def test_rank0_data_map_to_mean(Y):
 # --------------------------------------------------------------------------- training images
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fit_transform_equals_transform_and_training_error(seed):
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#training-images): fit_transform
+    """docs/oracles.md#oracle-guards (docs/algorithm.md#training-images): fit_transform
     (H-formula) = fit().transform on the training rows to 1e-10·scale; training_error_ r = Σ_i
     Γ(y^i) to 1e-9 relative."""
     Y = _data(seed, N=90, p=12) * (1 + seed)
@@ -394,10 +394,10 @@ def test_fit_transform_equals_transform_and_training_error(seed):
     assert a.training_error_ > 0
 
 
-# ------------------------------------------- docs/algorithm.md#oracle-guards (denominator guard)
+# ------------------------------------------- docs/oracles.md#oracle-guards (denominator guard)
 def test_denominator_guard(fitted):
-    """docs/algorithm.md#oracle-guards (docs/algorithm.md#denominator-guard,
-    docs/algorithm.md#decision-denominator-guard): a query whose weight sum |Σ h^i| is below
+    """docs/oracles.md#oracle-guards (docs/algorithm.md#denominator-guard,
+    docs/decisions.md#decision-denominator-guard): a query whose weight sum |Σ h^i| is below
     1e-12·max_i|B_{i,p}| gets Γ = +inf, a NaN image and a DegenerateWeightsWarning; other rows are
     unaffected. The case is built by projecting the denominator weights B[:, p] orthogonal to that
     query's (shifted) kernel row."""

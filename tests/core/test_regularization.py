@@ -1,7 +1,7 @@
 """λ* fixed point of Theorem 1 (docs/algorithm.md#krls, docs/algorithm.md#lambda-star).
 
-Oracles: the λ* oracles of docs/algorithm.md, docs/algorithm.md#oracle-lambda-range to
-docs/algorithm.md#oracle-mse-identity.
+Oracles: the λ* oracles of docs/oracles.md, docs/oracles.md#oracle-lambda-range to
+docs/oracles.md#oracle-mse-identity.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def _spectral(K, Y):
 SEEDS = [0, 1, 2]
 
 
-# ----------------------------------------------- docs/algorithm.md#oracle-lambda-range
+# ----------------------------------------------- docs/oracles.md#oracle-lambda-range
 @pytest.mark.parametrize("seed", SEEDS)
 def test_oracle1_lambda_star_range(seed):
-    """docs/algorithm.md#oracle-lambda-range: ê ∈ (0, s), λ* = ê + 2s, hence 2s < λ* < 3s."""
+    """docs/oracles.md#oracle-lambda-range: ê ∈ (0, s), λ* = ê + 2s, hence 2s < λ* < 3s."""
     _, K, Y = _problem(seed)
     N, p = Y.shape
     s = np.sum(Y**2) / (p * N)
@@ -66,7 +66,7 @@ def test_oracle1_lambda_star_range(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_oracle1b_kahm_uses_lambda_star(seed):
-    """docs/algorithm.md#oracle-kahm-uses-lambda-star: a fitted KAHM's λ equals solve_lambda on its
+    """docs/oracles.md#oracle-kahm-uses-lambda-star: a fitted KAHM's λ equals solve_lambda on its
     own K_{YPᵀ} and Y (1e-12 rel); 2s < λ < 3s; the fixed-point residual by the direct formula is ≤
     1e-8·s. K is rebuilt in the test from Y and P with θ = covariance of the uncentred codes Py
     (eq. 36)."""
@@ -85,10 +85,10 @@ def test_oracle1b_kahm_uses_lambda_star(seed):
     assert abs(direct_R(K, Y, e_hat, 2 * s) - e_hat) <= 1e-8 * s
 
 
-# ------------------------------------------------ docs/algorithm.md#oracle-fixed-point
+# ------------------------------------------------ docs/oracles.md#oracle-fixed-point
 @pytest.mark.parametrize("seed", SEEDS)
 def test_oracle2_fixed_point_direct_formula(seed):
-    """docs/algorithm.md#oracle-fixed-point: |R(ê, 2s) − ê| ≤ 1e-8·s with R by the direct formula
+    """docs/oracles.md#oracle-fixed-point: |R(ê, 2s) − ê| ≤ 1e-8·s with R by the direct formula
     (scipy.linalg.solve)."""
     _, K, Y = _problem(seed)
     res = solve_lambda(K, Y)
@@ -103,7 +103,7 @@ def test_oracle2_fixed_point_direct_formula(seed):
             )
 
 
-# ----------------------------------------- docs/algorithm.md#oracle-start-independence
+# ----------------------------------------- docs/oracles.md#oracle-start-independence
 def _iterates(mu, c2, s, pN, e0, n_max=200):
     """Reimplementation of the iteration e ← R(e, 2s), returning all iterates."""
     es = [e0]
@@ -116,7 +116,7 @@ def _iterates(mu, c2, s, pN, e0, n_max=200):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_oracle3_start_value_independence(seed):
-    """docs/algorithm.md#oracle-start-independence: e0 ∈ {1e-6·s, 0.5·s, 0.999·s} give the same ê to
+    """docs/oracles.md#oracle-start-independence: e0 ∈ {1e-6·s, 0.5·s, 0.999·s} give the same ê to
     1e-8·s."""
     _, K, Y = _problem(seed)
     s = solve_lambda(K, Y).s
@@ -129,7 +129,7 @@ def test_oracle3_start_value_independence(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("f0", [1e-6, 0.5, 0.999])
 def test_oracle3_monotone_geometric_iterates(seed, f0):
-    """docs/algorithm.md#oracle-start-independence: iterates are monotone (R is increasing) and
+    """docs/oracles.md#oracle-start-independence: iterates are monotone (R is increasing) and
     |e_{t+1} − e_t| decreases geometrically; by the mean value theorem the step ratio is below
     2s/(min(e_t, e_{t-1}) + τ)."""
     _, K, Y = _problem(seed)
@@ -152,11 +152,11 @@ def test_oracle3_monotone_geometric_iterates(seed, f0):
     assert np.all(ratio < 1.0)
 
 
-# ------------------------------------------ docs/algorithm.md#oracle-derivative-bounds
+# ------------------------------------------ docs/oracles.md#oracle-derivative-bounds
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("tau_factor", [0.5, 2.0, 5.0])
 def test_oracle4_derivative_bounds(seed, tau_factor):
-    """docs/algorithm.md#oracle-derivative-bounds: ∂R/∂e by central finite differences lies in
+    """docs/oracles.md#oracle-derivative-bounds: ∂R/∂e by central finite differences lies in
     (0, 2s/(e + τ)) at random e, and R(e, τ) ∈ (0, s), for τ ∈ {0.5s, 2s, 5s}."""
     _, K, Y = _problem(seed)
     mu, c2, s, pN = _spectral(K, Y)
@@ -178,10 +178,10 @@ def test_oracle4_derivative_bounds(seed, tau_factor):
     np.testing.assert_allclose(dR, exact, rtol=1e-6)
 
 
-# ----------------------------------------------- docs/algorithm.md#oracle-mse-identity
+# ----------------------------------------------- docs/oracles.md#oracle-mse-identity
 @pytest.mark.parametrize("seed", SEEDS)
 def test_oracle5_mse_identity_explicit_krls(seed):
-    """docs/algorithm.md#oracle-mse-identity: e(λ) (spectral form, eq. 18) equals the mean squared
+    """docs/oracles.md#oracle-mse-identity: e(λ) (spectral form, eq. 18) equals the mean squared
     residual of the explicit KRLS predictions f*(x^i) = k_X(x^i)ᵀ(K + λI)^{-1}Y (eq. 13), evaluated
     with the kernel function at each training input."""
     X, K, Y = _problem(seed)
@@ -247,7 +247,7 @@ def test_non_convergence_warning_reports_last_change():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_lambda_atol_stops_earlier_within_tolerance(seed):
-    """docs/algorithm.md#decision-lambda-stopping: the author's absolute rule on the change of λ
+    """docs/decisions.md#decision-lambda-stopping: the author's absolute rule on the change of λ
     (1e-3) stops in fewer iterations than the default 1e-10·s rule, and its λ is within 1e-3 of
     λ*."""
     _, K, Y = _problem(seed)

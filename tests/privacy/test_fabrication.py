@@ -63,7 +63,7 @@ def _noisy(Y: np.ndarray, eps: float, seed: int = 1) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# docs/algorithm.md#oracle-smoother-one-pass: M = 1, no NaN
+# docs/oracles.md#oracle-smoother-one-pass: M = 1, no NaN
 # ---------------------------------------------------------------------------------------------
 
 
@@ -96,7 +96,7 @@ def test_oracle25_iterates_never_nan(low_rank, eps):
 
 
 # ---------------------------------------------------------------------------------------------
-# docs/algorithm.md#oracle-stopping-rule: the stopping rule of Definition 14
+# docs/oracles.md#oracle-stopping-rule: the stopping rule of Definition 14
 # ---------------------------------------------------------------------------------------------
 
 
@@ -141,7 +141,7 @@ def test_modelling_error_is_sum_of_norms(low_rank):
 
 
 # ---------------------------------------------------------------------------------------------
-# docs/algorithm.md#oracle-smoother-trend: Theorem 6 trend
+# docs/oracles.md#oracle-smoother-trend: Theorem 6 trend
 # ---------------------------------------------------------------------------------------------
 
 
@@ -162,7 +162,7 @@ def test_oracle27_error_trend(low_rank):
 
 
 # ---------------------------------------------------------------------------------------------
-# docs/algorithm.md#oracle-fabricated-near-data: fabricated data stay near the data
+# docs/oracles.md#oracle-fabricated-near-data: fabricated data stay near the data
 # ---------------------------------------------------------------------------------------------
 
 
@@ -177,7 +177,7 @@ def test_oracle28_fabricated_rows_near_data(low_rank, eps):
 
 
 # ---------------------------------------------------------------------------------------------
-# docs/algorithm.md#oracle-dp-end-to-end: end to end on the DP blobs
+# docs/oracles.md#oracle-dp-end-to-end: end to end on the DP blobs
 # ---------------------------------------------------------------------------------------------
 
 

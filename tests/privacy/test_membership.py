@@ -1,7 +1,7 @@
 """LSDD, membership-inference score and attack (docs/algorithm.md#membership).
 
-Oracles: docs/algorithm.md#oracle-lsdd-gaussians, docs/algorithm.md#oracle-lsdd-exact,
-docs/algorithm.md#oracle-mis-members.
+Oracles: docs/oracles.md#oracle-lsdd-gaussians, docs/oracles.md#oracle-lsdd-exact,
+docs/oracles.md#oracle-mis-members.
 
 The cross-validation in the eigenbasis of H (and the shared mis / mis_norm pass) is checked
 against the solve-based implementation it replaced, benchmarks/_membership_reference.py (the
@@ -28,17 +28,19 @@ from benchmarks._membership_reference import (
     sigma_perturbation_bound,
 )
 from kahm_dask._random import as_generator, child_seed_sequence
-from kahm_dask.privacy import membership
-from kahm_dask.privacy.membership import (
+from kahm_dask.privacy import lsdd as lsdd_module
+from kahm_dask.privacy.lsdd import (
     LAMBDA_GRID,
     SIGMA_FACTORS,
     _kernel_fold_sums,
-    _lsdd_runs,
     _median,
     _median_pairwise_distance_1d,
     _psd_eigh,
     _ridge_quadratics,
     lsdd,
+    lsdd_runs,
+)
+from kahm_dask.privacy.membership import (
     membership_attack,
     membership_attack_from_distances,
     membership_evaluation,
@@ -275,7 +277,7 @@ def test_mis_norm_is_lsdd_on_median_scaled_distances():
 
 
 # ---------------------------------------------------------------------------------------------
-# Classifier level (docs/algorithm.md#oracle-mis-members)
+# Classifier level (docs/oracles.md#oracle-mis-members)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -538,7 +540,7 @@ def test_mis_and_mis_norm_match_solve_based_reference(case, seed):
     assert mi.median_distance == median and mi.n_infinite == inf_train + inf_test
     lsdd_seed = child_seed_sequence(np.random.SeedSequence(seed), 1)
     a, b = d_tr[np.isfinite(d_tr)], d_te[np.isfinite(d_te)]
-    raw, norm = _lsdd_runs(a, b, (1.0, median), random_state=lsdd_seed, **kwargs)
+    raw, norm = lsdd_runs(a, b, (1.0, median), random_state=lsdd_seed, **kwargs)
     assert (mi.mis, mi.mis_norm) == (raw.l2, norm.l2)
     n_centers = kwargs.get("n_centers", 300)
 
@@ -644,7 +646,7 @@ def test_median_pairwise_distance_is_exact(x, monkeypatch):
     """Exactly np.median(pdist(x)), without forming the distances when n >= 64."""
     expected = np.median(pdist(x[:, None]))
     if x.size >= 64 and np.unique(x).size > 1:
-        monkeypatch.setattr(membership, "pdist", _no_pdist)
+        monkeypatch.setattr(lsdd_module, "pdist", _no_pdist)
     assert _median_pairwise_distance_1d(x) == expected
 
 
@@ -701,7 +703,7 @@ def test_the_quickstarts_membership_metric_factors_few_matrices(monkeypatch):
     now one eigendecomposition per σ for both estimates and one Cholesky refit each."""
     import scipy.linalg
 
-    from kahm_dask.privacy import membership as mod
+    from kahm_dask.privacy import lsdd as mod
 
     calls = {"solve": 0, "eigh": 0, "cholesky": 0}
     for name in calls:

@@ -92,7 +92,7 @@ def test_a_second_run_on_a_busy_run_folder_is_refused_at_once(tmp_path):
 
 
 def _cli_train(args: list[str], monkeypatch):
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     return CliRunner().invoke(main, ["train", *args, "--n-components", "3", "--epsilon", "2", "--bounds", "0", "1"])
 
 
@@ -135,7 +135,7 @@ def test_the_default_work_store_is_beside_the_data_and_private(tmp_path, store, 
 
 
 def test_a_non_private_model_store_is_private_by_file_mode(tmp_path, store, monkeypatch):
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     result = CliRunner().invoke(main, ["train", str(store.path), str(tmp_path / "m.zarr"), "--n-components", "3"])
     assert result.exit_code == 0, result.output
     assert "Non-private model" in result.output and "keep it with the data owner" in result.output

@@ -37,7 +37,7 @@ def no_cluster(monkeypatch):
     def refuse(cfg):
         raise AssertionError("the CLI started a cluster before validating its input")
 
-    monkeypatch.setattr("kahm_dask.cli._connect", refuse)
+    monkeypatch.setattr("kahm_dask.cli.session.connect", refuse)
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_cli_train_rejects_a_single_row_class(stores, no_cluster):
 
 
 def test_cli_train_warns_when_n_components_exceeds_features(stores, monkeypatch):
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.DaskKAHMClassifier.fit_store",
                         lambda self, *a, **k: {"n_clusters": 2, "n_resumed": 0, "clusters": []})
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "20")
@@ -106,7 +106,7 @@ def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeyp
             (work.path / "model.zarr" / "clusters" / f"c0_s{s}").mkdir(parents=True)
         raise KilledWorker("train_cluster-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
 
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.train_pipeline", die)  # the fit behind the CLI
     result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3")
     assert result.exit_code == 1 and "Traceback" not in result.output and "KilledWorker" in result.output
@@ -142,7 +142,7 @@ def test_cli_rejects(make_args, pattern, stores, no_cluster):
 
 
 def test_cli_predict_feature_count_mismatch(stores, monkeypatch):
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     train_pipeline(open_dataset(stores / "s.zarr"), stores / "m.zarr", stores / "w",
                    TrainSettings(TrainParams(3, 2), seed=0), progress=False)
     result = _invoke("predict", stores / "m.zarr", stores / "s4.zarr", stores / "p.zarr")

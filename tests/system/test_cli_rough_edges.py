@@ -13,13 +13,14 @@ import contextlib
 import pytest
 from click.testing import CliRunner
 
-from kahm_dask.cli import _one_line_warning, main
+from kahm_dask.cli import main
+from kahm_dask.cli.session import one_line_warning
 from kahm_dask.privacy.bounds import ClippingWarning
 
 
 def _invoke(*args, monkeypatch=None):
     if monkeypatch is not None:
-        monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+        monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
@@ -52,7 +53,7 @@ def test_train_warns_when_the_bounds_clip_many_entries(tmp_path, monkeypatch):
                          monkeypatch=monkeypatch)
     assert result.exit_code == 0, result.output
     w = next(w for w in caught if w.category is ClippingWarning)
-    line = _one_line_warning(w.message, w.category, w.filename, w.lineno)  # how the console shows it
+    line = one_line_warning(w.message, w.category, w.filename, w.lineno)  # how the console shows it
     assert line.startswith("ClippingWarning: 35.") and line.count("\n") == 1 and ".py" not in line
 
 

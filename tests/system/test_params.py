@@ -29,8 +29,6 @@ from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.privacy.fabrication import _check_fabrication_options
 from tests._kit import pipeline_dict
 
-#: The name of a table parameter in the pipeline YAML and on the command line, where it differs.
-ALIASES = {"seed": "random_state", "max_iter": "kmeans_max_iter"}
 #: Options of ``kahm-dask train`` that are not model or privacy parameters.
 CLI_OTHER = {"store", "model", "work", "budget", "scheduler", "cluster_config", "n_workers", "memory_limit",
              "tls_ca_file", "tls_cert", "tls_key", "storage_options", "ledger_dir", "dashboard_address"}
@@ -54,15 +52,15 @@ def _config_keys() -> dict[str, str]:
                 (PartitionConfig, "partition."))
     for section, prefix in sections:
         for f in dataclasses.fields(section):
-            name = ALIASES.get(f.name, f.name)
-            if name in PARAMS:
+            name = f.metadata.get("param")  # the field's parameter (schema.param), whatever its YAML key
+            if name is not None:
                 keys[name] = prefix + f.name
     return keys
 
 
 def _cli_options() -> dict[str, Any]:
     """Table parameter → click option of ``kahm-dask train``."""
-    return {ALIASES.get(o.name, o.name): o for o in TRAIN.params if o.name not in CLI_OTHER}
+    return {o.name: o for o in TRAIN.params if o.name not in CLI_OTHER}
 
 
 CONFIG_KEYS, CLI_OPTIONS = _config_keys(), _cli_options()
@@ -173,7 +171,7 @@ def _cli(params: dict, name: str, valid: bool, store, monkeypatch) -> None:
     def reached(cfg):
         raise _Reached
 
-    monkeypatch.setattr("kahm_dask.cli._connect", reached)
+    monkeypatch.setattr("kahm_dask.cli.session.connect", reached)
     result = CliRunner().invoke(main, ["train", str(store), str(store.parent / "m.zarr"), *args])
     if valid:
         assert isinstance(result.exception, _Reached), result.output
@@ -226,7 +224,7 @@ def test_every_model_and_privacy_setting_has_a_rule():
     for cls, takes in ESTIMATORS.items():
         assert takes == set(cls._parameter_constraints) <= set(PARAMS), cls.__name__
     for section in (ModelConfig, PrivacyConfig):
-        names = {ALIASES.get(f.name, f.name) for f in dataclasses.fields(section)} - {"budget", "ledger_dir"}
+        names = {f.metadata.get("param", f.name) for f in dataclasses.fields(section)} - {"budget", "ledger_dir"}
         assert names <= set(PARAMS), names - set(PARAMS)
     assert set(CLI_OPTIONS) <= set(PARAMS), set(CLI_OPTIONS) - set(PARAMS)
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from kahm_dask import DaskKAHMClassifier, KAHMClassifier
-from kahm_dask.cli import _NOT_OPTIONS, _SPECIAL_OPTIONS, main
+from kahm_dask.cli import main
+from kahm_dask.cli.options import NOT_OPTIONS, SPECIAL_OPTIONS
 from kahm_dask.params import (
     CLASSIFIER_PARAMS,
     NOT_STORED_PARAMS,
@@ -91,9 +92,9 @@ def test_a_default_pipeline_file_gives_the_default_estimator():
 
 def test_train_options_cover_the_dask_estimator_with_its_defaults():
     options = {o.name: o for o in main.commands["train"].params}
-    wanted = set(ESTIMATORS[DaskKAHMClassifier]) - set(_NOT_OPTIONS)
+    wanted = set(ESTIMATORS[DaskKAHMClassifier]) - set(NOT_OPTIONS)
     assert wanted <= set(options), wanted - set(options)
-    wanted -= set(_SPECIAL_OPTIONS)  # their own defaults: --seed drawn, --ledger-dir the default directory
+    wanted -= set(SPECIAL_OPTIONS)  # their own defaults: --seed drawn, --ledger-dir the default directory
     wrong = {n: (options[n].default, PARAMS[n].default) for n in wanted
              if options[n].default != PARAMS[n].default and not (options[n].default is None is PARAMS[n].default)}
     assert not wrong, wrong

@@ -43,9 +43,9 @@ class SingleThreadedBLAS(WorkerPlugin):
 class IgnoreInterrupts(WorkerPlugin):
     """Worker plugin for the worker processes of a local cluster: they ignore SIGINT.
 
-    Ctrl-C in a terminal reaches every process of its foreground group, so each worker process
-    printed its own traceback. The client process alone handles it now (one line), and closing
-    the cluster stops the workers.
+    Ctrl-C in a terminal reaches every process of its foreground group; without this plugin
+    each worker process would print its own traceback. The client process alone handles it (one
+    line), and closing the cluster stops the workers.
     """
 
     name = "kahm-dask-ignore-interrupts"

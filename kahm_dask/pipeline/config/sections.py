@@ -279,8 +279,6 @@ class ModelConfig(Section):
     _key: ClassVar[str] = "model"
     n_components: int = param("n_components")
     n_layers: int = param("n_layers")
-    min_range: float | None = param("min_range")
-    chunk_size: int = param("chunk_size")
     block_size: int = param("block_size")
     s_rule: SRule = param("s_rule")
     min_cluster_size: int | None = param("min_cluster_size")
@@ -288,6 +286,8 @@ class ModelConfig(Section):
     kmeans_dims: int | None = param("kmeans_dims")
     n_probe: int | None = param("n_probe")
     eval_dtype: EvalDtype = param("eval_dtype")
+    min_range: float | None = param("min_range")
+    chunk_size: int = param("chunk_size")
 
 
 @dataclass(frozen=True, kw_only=True)

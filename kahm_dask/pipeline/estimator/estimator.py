@@ -304,7 +304,7 @@ persist_fraction : the partition's
         settings = self.train_settings(bounds_source=bounds_source, budget=budget)
         params = self.get_params(deep=False)
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
-                                 manifest_extra=lambda seed: {ESTIMATOR_PARAMS_KEY: stored_params(params, seed)})
+                                 manifest_extra={ESTIMATOR_PARAMS_KEY: stored_params(params)})
         self._set_fitted(model_path, read_manifest(model_path))
         return summary
 

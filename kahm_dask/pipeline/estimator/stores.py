@@ -29,7 +29,7 @@ NOT_STORED = ("store_dir", "storage_options", *NOT_STORED_PARAMS)
 
 def store_root(estimator: Any) -> Location:
     """``estimator.store_dir`` (a local directory, created, or a URL), or a new temporary directory
-    deleted with the estimator (the previous fit's temporary directory is deleted now)."""
+    deleted with the estimator (a refit deletes the previous fit's temporary directory)."""
     previous = estimator.__dict__.pop("_owned_dir", None)
     if previous is not None:
         previous()
@@ -55,20 +55,18 @@ def check_target(path: Location) -> None:
         ) from None
 
 
-def stored_params(params: dict, seed: int | None = None) -> dict:
-    """The public parameters ``params`` as JSON for the manifest; ``random_state`` is the k-means
-    ``seed`` the fit used when given (a seed drawn by the fit, or kept by a resumed run, is
-    recorded, so the same store gives the same parameters however it was reached)."""
-    out = {k: jsonable(v) for k, v in params.items() if k not in NOT_STORED}
-    if seed is not None:
-        out["random_state"] = int(seed)
-    return out
+def stored_params(params: dict) -> dict:
+    """The public parameters ``params`` of an estimator as JSON for the manifest (its own keys:
+    :data:`ESTIMATOR_PARAMS_KEY`)."""
+    return {k: jsonable(v) for k, v in params.items() if k not in NOT_STORED}
 
 
 def params_from_manifest(manifest: dict) -> dict:
-    """The estimator parameters a model store's manifest records (its ``parameters``, written by
-    every training run, completed by the estimator's own keys where it wrote them)."""
-    params = {**manifest.get("parameters", {}), **manifest.get(ESTIMATOR_PARAMS_KEY, {})}
+    """The estimator parameters a model store's manifest records: its ``parameters`` (what made
+    the model, written by every training run; ``random_state`` is the k-means seed the run used,
+    drawn or kept by a resumed run) over the estimator's own keys where it wrote them (its
+    store and prediction settings)."""
+    params = {**manifest.get(ESTIMATOR_PARAMS_KEY, {}), **manifest.get("parameters", {})}
     if params.get("bounds") is not None:
         params["bounds"] = tuple(params["bounds"])
     return params

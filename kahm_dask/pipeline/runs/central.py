@@ -4,7 +4,7 @@ Every stage reads and writes Zarr under the run's ``output`` directory; each is 
 (stores, the noisy rows and finished clusters are reused), so rerunning the same command after
 an interruption recomputes only what is missing.
 
-The run folder is split at the release boundary (:class:`RunPaths`):
+The run folder is split at the release boundary (:class:`~kahm_dask.pipeline.runs.layout.RunPaths`):
 
 * ``public/`` may be published: ``model.zarr`` (DP rows and models fitted on them),
   ``PRIVACY.md`` (the privacy statement of the settings used, and the ledger's total) and
@@ -17,7 +17,7 @@ The run folder is split at the release boundary (:class:`RunPaths`):
 
 The steps every run takes are written here once and shared with the federated run
 (:mod:`kahm_dask.pipeline.runs.federated`, which adds only what is federated): the folder layout
-(:class:`RunPaths`), the train settings and report fields of a config, the stage timings
+(:mod:`~kahm_dask.pipeline.runs.layout`), the train settings and report fields of a config, the stage timings
 (:class:`Stopwatch`), the accuracy and membership metrics, the privacy statements
 (:func:`write_statement`) and the report's metrics (:func:`report_metrics`). Connecting to
 the cluster and computing on it are :mod:`kahm_dask.pipeline.cluster`'s.
@@ -48,7 +48,8 @@ from kahm_dask.pipeline.predict import (
     class_distance_array,
     predict_to_store,
 )
-from kahm_dask.pipeline.runs.data import OWNER, PUBLIC, feature_bounds, prepare_stores, scaled_d
+from kahm_dask.pipeline.runs.data import feature_bounds, prepare_stores, scaled_d
+from kahm_dask.pipeline.runs.layout import RunPaths, run_paths
 from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.manifest import read_manifest
@@ -60,11 +61,9 @@ from kahm_dask.privacy.membership import (
     training_row_subset,
 )
 from kahm_dask.storage.locks import exclusive
-from kahm_dask.storage.private import make_private, private_directory
+from kahm_dask.storage.private import make_private
 
 __all__ = [
-    "RunPaths",
-    "run_paths",
     "estimator_from_config",
     "settings_from_config",
     "settings_fields",
@@ -80,53 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("kahm_dask")
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Where a run writes what (module docstring); ``private`` = a DP run."""
-
-    root: Path
-    private: bool
-
-    @property
-    def public(self) -> Path:
-        return self.root / PUBLIC
-
-    @property
-    def owner(self) -> Path:
-        return self.root / OWNER
-
-    @property
-    def model(self) -> Path:
-        return (self.public if self.private else self.owner) / "model.zarr"
-
-    @property
-    def predictions(self) -> Path:
-        return self.owner / "predictions.zarr"
-
-    @property
-    def data(self) -> Path:
-        return self.owner / "data"
-
-    @property
-    def work(self) -> Path:
-        return self.owner / "work"
-
-    @property
-    def statement(self) -> Path:
-        return self.public / "PRIVACY.md"
-
-    def make_dirs(self) -> None:
-        """Create ``owner/`` (0700: private by file mode) and, for a DP run, ``public/``."""
-        private_directory(self.owner)
-        if self.private:
-            self.public.mkdir(parents=True, exist_ok=True)
-
-
-def run_paths(output: str | Path, private: bool) -> RunPaths:
-    """The folders of a run (or of one site of a federated run) under ``output``."""
-    return RunPaths(Path(output), bool(private))
 
 
 def estimator_from_config(

@@ -24,6 +24,7 @@ from sklearn.model_selection import train_test_split
 
 from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import SYNTHETIC_SOURCE
+from kahm_dask.pipeline.runs.layout import run_paths
 from kahm_dask.pipeline.stores.dataset import DatasetStore, ingest, open_dataset, store_bounds, write_dataset
 from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
 from kahm_dask.privacy.bounds import (
@@ -45,13 +46,10 @@ __all__ = [
     "feature_bounds",
     "data_scaling",
     "scaled_d",
-    "OWNER",
-    "PUBLIC",
     "TANH255_RAW_BOUNDS",
 ]
 
 #: The run folder's two halves: ``public/`` may be published, ``owner/`` stays with the owner.
-PUBLIC, OWNER = "public", "owner"
 #: Raw bounds implied by ``scale: tanh255`` (8-bit pixels).
 TANH255_RAW_BOUNDS = (0.0, 255.0)
 
@@ -161,10 +159,12 @@ def _feature_range(data, n_features: int):
 
 
 def prepare_stores(cfg, out: Path) -> tuple[DatasetStore, DatasetStore]:
-    """The train and test stores of a pipeline run: ``out/owner/data/{train,test}.zarr``
-    (:func:`write_data_stores`; both reused if they exist: a rerun resumes)."""
-    data_dir = private_directory(Path(out) / OWNER / "data")
-    train_path, test_path = data_dir / "train.zarr", data_dir / "test.zarr"
+    """The train and test stores of a pipeline run at ``out``: ``owner/data/{train,test}.zarr``
+    (:class:`~kahm_dask.pipeline.runs.layout.RunPaths`; :func:`write_data_stores`; both reused if
+    they exist: a rerun resumes)."""
+    paths = run_paths(out, private=False)  # where the data stores are does not depend on privacy
+    private_directory(paths.data)
+    train_path, test_path = paths.train_store, paths.test_store
     if train_path.exists() and test_path.exists():
         return open_dataset(train_path), open_dataset(test_path)
     return write_data_stores(cfg.data, train_path, test_path, overwrite=True)

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kahm_dask.pipeline.runs.layout import DISTANCES_PLOT, FABRICATED_PLOT, REPORT_JSON, REPORT_MD, STATEMENT_FILE
 from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
 
-__all__ = ["write_report", "write_privacy_statement", "ledger_markdown", "FABRICATED_PLOT", "STATEMENT_FILE"]
+__all__ = ["write_report", "write_privacy_statement", "ledger_markdown"]
 
 #: The plot of fabricated rows in the public folder.
-FABRICATED_PLOT = "fabricated.png"
 #: The privacy statement in the public folder.
-STATEMENT_FILE = "PRIVACY.md"
 
 
 def _image_side(p: int) -> int | None:
@@ -210,7 +209,7 @@ def write_report(
     DP run), the fabricated rows' plot goes there and the report says which folder is which."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "report.json", metrics, indent=2, default=_jsonable)
+    write_json_atomic(out / REPORT_JSON, metrics, indent=2, default=_jsonable)
     lines = [f"# kahm-dask run: {metrics.get('name', '')}", ""]
     if public_dir is None and metrics.get("epsilon") is None:
         lines += [
@@ -225,8 +224,8 @@ def write_report(
         if ledger:
             lines += ["", ledger_markdown(ledger).rstrip("\n")]
     if plots and d_train is not None and d_test is not None and len(d_train) and len(d_test):
-        _plot_histograms(out / "distances.png", d_train, d_test)
-        lines += ["", "## Distances, members vs non-members (owner only)", "", "![distances](distances.png)"]
+        _plot_histograms(out / DISTANCES_PLOT, d_train, d_test)
+        lines += ["", "## Distances, members vs non-members (owner only)", "", f"![distances]({DISTANCES_PLOT})"]
     side = _image_side(int(metrics.get("n_features", 0)))
     if plots and fabricated and side and public_dir is not None:
         public_dir = Path(public_dir)
@@ -249,7 +248,7 @@ def write_report(
     if paths:
         lines += ["", "## Paths", "", *paths]
     text = "\n".join(lines) + "\n"
-    write_text_atomic(out / "report.md", text)
+    write_text_atomic(out / REPORT_MD, text)
     return text
 
 

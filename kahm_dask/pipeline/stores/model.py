@@ -154,7 +154,7 @@ def _commit(tmp: Path, final: Path, attempts: int = 5) -> None:
     """Rename the complete directory ``tmp`` to ``final`` unless a complete ``final`` exists.
 
     ``rename`` of a directory onto a non-empty one fails atomically. An incomplete ``final``
-    (left by a writer of an older version killed between its rename and its marker) is moved
+    (left by a writer killed between its rename and its marker) is moved
     aside first; a complete one means another execution already committed the same result.
     """
     for _ in range(attempts):

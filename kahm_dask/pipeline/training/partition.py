@@ -2,7 +2,7 @@
 
 The rules of docs/algorithm.md#kmeans-partition are the core's
 (:func:`kahm_dask.partition.n_branches`, minimum cluster size, S ← S − 1 until every cluster is
-large enough; docs/algorithm.md#decision-pipeline-partition). A class whose k-means fits one
+large enough; docs/decisions.md#decision-pipeline-partition). A class whose k-means fits one
 task is partitioned there by the estimator's own code (principal coordinates, k-means++), so
 the pipeline and :class:`~kahm_dask.KAHMClassifier` give the same partition for the same rows
 and seed. A larger class is clustered out of core: k-means|| initial centres

@@ -100,7 +100,7 @@ def _what_changed(stored: dict, data: DataFingerprint, shape: list[int]) -> str:
         then = " x ".join(map(str, stored["shape"]))
         return f"other rows ({then} when the noise was drawn, {' x '.join(map(str, shape))} now)"
     if stored.get("data") is None:
-        return "rows it cannot identify (the noise was stored by an older kahm-dask, without a fingerprint)"
+        return "rows it cannot identify (the noise was stored without a fingerprint of its rows)"
     return "other rows of the same shape (at least one entry differs)"
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import dask
@@ -81,7 +81,7 @@ def train_pipeline(
     partition_public: bool = False,
     progress: Progress | bool = False,
     storage_options: Mapping[str, Any] | None = None,
-    manifest_extra: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
 ) -> dict:
     """Train every cluster model of ``store`` into ``model_path``; returns a summary dict.
 
@@ -94,8 +94,8 @@ def train_pipeline(
     replace the dask-ml k-means (to compare with the in-memory classifier given the same labels);
     a DP run treats them as computed from the private rows unless ``partition_public``.
     ``progress``: a :class:`~kahm_dask.pipeline.cluster.progress.Progress` (True: on the console).
-    ``manifest_extra``: more manifest keys (the estimator's parameters), or a function of the
-    run's k-means seed giving them; written before the model is committed.
+    ``manifest_extra``: more manifest keys (the estimator's own parameters), written before the
+    model is committed.
     """
     check_class_sizes(store.class_counts)
     check_n_components(settings.params.n_components, store.n_features, stacklevel=2)
@@ -116,13 +116,13 @@ def train_pipeline(
 def _train(
     store: DatasetStore, model_path: Location, work_path: Location, settings: TrainSettings, client,
     partition: np.ndarray | None, partition_public: bool, progress: Progress,
-    manifest_extra: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None,
+    manifest_extra: Mapping[str, Any] | None,
 ) -> dict:
     t0 = time.perf_counter()
     params = settings.params
     staged = work_path / STAGED_MODEL
     seed = kmeans_seed(settings.seed, work_path)
-    extra = dict((manifest_extra(seed) if callable(manifest_extra) else manifest_extra) or {})
+    extra = dict(manifest_extra or {})
     root = np.random.SeedSequence(seed)
     X = store.X()  # stored dtype (float32 halves memory and I/O); tasks compute in float64
     y = store.y()

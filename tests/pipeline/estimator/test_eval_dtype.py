@@ -65,7 +65,7 @@ def test_pipeline_file_and_old_manifests(stored):
 def test_cli_predict_eval_dtype(stored, classifiers, digits, tmp_path, monkeypatch):
     path, _ = stored
     store = write_dataset(tmp_path / "test.zarr", digits.X_test, digits.y_test, chunk_rows=200).path
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext())
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext())
     out = tmp_path / "pred.zarr"
     result = CliRunner().invoke(main, ["predict", str(path), str(store), str(out), "--eval-dtype", "float32"])
     assert result.exit_code == 0, result.output

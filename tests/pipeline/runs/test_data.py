@@ -110,7 +110,7 @@ def test_non_private_runs_need_no_bounds(tmp_path):
 
 def test_cli_train_bounds_statement_and_budget(tmp_path, monkeypatch):
     """`kahm-dask train --bounds LOW HIGH --budget EPS DELTA` (threads instead of a cluster)."""
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     X = np.random.default_rng(2).uniform(0, 1, size=(80, 4))
     y = np.arange(80) % 2
     write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=40)

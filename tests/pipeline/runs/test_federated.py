@@ -29,12 +29,8 @@ from kahm_dask.federated import FederatedClassifier, fit_sites, split_sites
 from kahm_dask.pipeline.cluster.sites import check_site_resources, connect_federated, site_cluster
 from kahm_dask.pipeline.config import ConfigError
 from kahm_dask.pipeline.config.sections import FederatedPipelineConfig, load_federated_config
-from kahm_dask.pipeline.runs.federated import (
-    answer_to_store,
-    run_federated_pipeline,
-    site_membership,
-    train_site,
-)
+from kahm_dask.pipeline.runs.federated import run_federated_pipeline
+from kahm_dask.pipeline.runs.sites import answer_to_store, site_membership, train_site
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.training import NOISY, TrainSettings
 from kahm_dask.privacy.randomness import PrivacyLeakWarning

@@ -162,7 +162,7 @@ def test_cli_ingest_train_predict_on_s3(s3, iris, tmp_path, monkeypatch):
 
     from kahm_dask.cli import main
 
-    monkeypatch.setattr("kahm_dask.cli._connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
     options = ["--storage-options", json.dumps(s3)]
     store, model = _url("iris.zarr"), _url("iris-model.zarr")
     run = CliRunner().invoke
