@@ -46,7 +46,16 @@ from kahm_dask.pipeline.estimator import ESTIMATOR_PARAMS_KEY
 from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from tests._kit import REPO as ROOT
-from tests._kit import Authority, free_port, ledger_of, make_authority, pipeline_file, start_session, stop_sessions
+from tests._kit import (
+    Authority,
+    free_port,
+    ledger_of,
+    make_authority,
+    pipeline_file,
+    service_unavailable,
+    start_session,
+    stop_sessions,
+)
 
 DASK = [sys.executable, "-m", "dask"]
 SEED = 0
@@ -86,18 +95,18 @@ def _logs(tmp: Path) -> str:
 
 
 def _wait_for_workers(address: str, security: Security | None, procs: list[subprocess.Popen], tmp: Path) -> None:
-    """Until the scheduler reports 2 workers; skip the tests if the processes cannot start."""
+    """Until the scheduler reports 2 workers; skip the tests (fail them in CI) if the processes cannot start."""
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if any(p.poll() is not None for p in procs):
-            pytest.skip(f"the dask scheduler or worker process exited at start:\n{_logs(tmp)}")
+            service_unavailable(f"the dask scheduler or worker process exited at start:\n{_logs(tmp)}")
         try:
             with Client(address, security=security, timeout=5) as client:
                 client.wait_for_workers(2, timeout=max(1.0, deadline - time.monotonic()))
                 return
         except (OSError, TimeoutError):
             time.sleep(0.5)
-    pytest.skip(f"no scheduler with 2 workers at {address} after {START_TIMEOUT} s:\n{_logs(tmp)}")
+    service_unavailable(f"no scheduler with 2 workers at {address} after {START_TIMEOUT} s:\n{_logs(tmp)}")
 
 
 @contextmanager

@@ -2,7 +2,8 @@
 
 The ``s3`` fixture starts moto's server mode as a subprocess on a free loopback port (as s3fs's
 own tests do), creates a bucket and yields the ``storage_options`` that reach it; the tests are
-skipped, with the reason, when it cannot start. Checked: a dataset store written to S3 reads back
+skipped, with the reason, when it cannot start (failed in CI:
+``$KAHM_DASK_REQUIRE_SERVICES``). Checked: a dataset store written to S3 reads back
 as the local one; a fit from an ``s3://`` store and a fit with ``store_dir`` on S3 (a DP fit: the
 noisy rows, the ledger and the model store on S3) predict as the same fits on local stores;
 ``save``/``load`` to and from S3; ``file://`` URLs are local paths; a remote store without its
@@ -29,7 +30,7 @@ from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import MANIFEST_KEY, read_manifest
 from kahm_dask.pipeline.stores.model import cluster_done
 from kahm_dask.storage.location import COMPLETE_FILE, as_location
-from tests._kit import free_port, ledger_of
+from tests._kit import free_port, ledger_of, service_module, service_unavailable
 
 BUCKET = "kahm-test"
 SEED = 0
@@ -53,20 +54,20 @@ def _wait_until_up(proc: subprocess.Popen, endpoint: str, timeout: float = 30.0)
 
 @pytest.fixture(scope="module")
 def s3():
-    """storage_options of a bucket on a moto S3 server on loopback (skipped if it cannot start)."""
-    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'kahm-dask[s3]')")
-    pytest.importorskip("moto.server", reason="moto's server mode is not installed (pip install 'moto[server]')")
+    """storage_options of a bucket on a moto S3 server on loopback (skipped, or failed in CI, if it cannot start)."""
+    service_module("s3fs", "s3fs is not installed (pip install 'kahm-dask[s3]')")
+    service_module("moto.server", "moto's server mode is not installed (pip install 'moto[server]')")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     try:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError as exc:
-        pytest.skip(f"cannot start the moto server: {exc}")
+        service_unavailable(f"cannot start the moto server: {exc}")
     try:
         problem = _wait_until_up(proc, endpoint)
         if problem is not None:
-            pytest.skip(problem)
+            service_unavailable(problem)
         options = {"key": "testing", "secret": "testing",
                    "client_kwargs": {"endpoint_url": endpoint}}
         fsspec.filesystem("s3", **options).mkdir(BUCKET)
