@@ -74,12 +74,14 @@ def to_local(estimator: Any) -> KAHMClassifier:
 def write_local(clf: KAHMClassifier, target: Location, estimator_params: dict) -> None:
     """Write the fitted :class:`~kahm_dask.KAHMClassifier` ``clf`` as a model store at ``target``
     (committed when complete): its branches as the clusters, its parameters (``random_state`` kept
-    when it is an int) and privacy statement in the manifest. The store has no DP rows (the
+    when it is an int), the Dask estimator's ``estimator_params`` that these lack and the privacy
+    statement in the manifest. The store has no DP rows (the
     classifier does not keep which branch each of its rows went to) and no release id."""
     private = clf.epsilon is not None
     parameters = stored_params(clf.get_params(deep=False))
     if not isinstance(clf.random_state, Integral) or isinstance(clf.random_state, bool):
         parameters["random_state"] = None
+    own = {k: v for k, v in estimator_params.items() if k not in parameters}  # what "parameters" lacks
     clusters = []
     with committed_directory(target) as tmp:
         for c, (label, model) in enumerate(zip(clf.classes_.tolist(), clf.models_, strict=True)):
@@ -94,4 +96,4 @@ def write_local(clf: KAHMClassifier, target: Location, estimator_params: dict) -
                 clusters.append({"class": c, "cluster": s, "n_rows": info["n_rows"]})
         release = {"release_id": None, "statement": clf.privacy_statement_.to_dict()} if private else None
         write_manifest(tmp, build_manifest(jsonable(clf.classes_), clf.n_features_in_, parameters, release,
-                                           clusters, {ESTIMATOR_PARAMS_KEY: estimator_params}))
+                                           clusters, {ESTIMATOR_PARAMS_KEY: own}))

@@ -302,9 +302,10 @@ persist_fraction : the partition's
         where the stores live. Finished clusters staged in ``work_path`` are kept (a rerun resumes).
         """
         settings = self.train_settings(bounds_source=bounds_source, budget=budget)
-        params = self.get_params(deep=False)
+        recorded = settings.to_params()  # the manifest's "parameters", with the seed the run used
+        own = {k: v for k, v in self.get_params(deep=False).items() if k not in recorded}
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
-                                 manifest_extra={ESTIMATOR_PARAMS_KEY: stored_params(params)})
+                                 manifest_extra={ESTIMATOR_PARAMS_KEY: stored_params(own)})
         self._set_fitted(model_path, read_manifest(model_path))
         return summary
 

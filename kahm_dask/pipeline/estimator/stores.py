@@ -64,8 +64,8 @@ def stored_params(params: dict) -> dict:
 def params_from_manifest(manifest: dict) -> dict:
     """The estimator parameters a model store's manifest records: its ``parameters`` (what made
     the model, written by every training run; ``random_state`` is the k-means seed the run used,
-    drawn or kept by a resumed run) over the estimator's own keys where it wrote them (its
-    store and prediction settings)."""
+    drawn or kept by a resumed run) and the estimator's own keys where it wrote them (the store
+    and prediction settings a training run does not record)."""
     params = {**manifest.get(ESTIMATOR_PARAMS_KEY, {}), **manifest.get("parameters", {})}
     if params.get("bounds") is not None:
         params["bounds"] = tuple(params["bounds"])
