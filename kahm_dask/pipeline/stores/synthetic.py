@@ -6,7 +6,7 @@ centres are cached once per worker process), instead of carrying the centres and
 labels in its closure. That closure was about 9 MB for 4096 features and 264k rows; workers
 keep the description of tasks they have run while their results are still needed, so at
 512-row chunks two 1 GiB workers filled with task descriptions, paused, and the ingest
-stalled (``tests/pipeline/test_synthetic.py`` checks the size of a task).
+stalled (``tests/pipeline/stores/test_synthetic.py`` checks the size of a task).
 
 The data do not depend on the chunking: rows are drawn in fixed generator blocks of
 :data:`GENERATOR_ROWS` rows, block ``g`` from ``child(SeedSequence(seed), 1, g)`` (its labels,
