@@ -7,7 +7,8 @@ digits fit 0.5 s with 1 thread vs 20 s with 2 threads under load).
 Privacy ledgers: every DP fit records its release in its data set's ledger, by default under
 the user's home directory. The tests never touch it: the session's ledger directory is a
 temporary one (set when this file is imported, before any test or doctest runs, and inherited
-by the processes the tests start), and each test gets a fresh one of its own.
+by the processes the tests start; removed when the session ends), and each test gets a fresh one
+of its own.
 
 Fixtures: ``ledger_dir`` (each test's own, autouse), ``digits`` (the bundled digits split 70/30
 and scaled by their public bounds 0–16), ``digits_private_scaling`` (the same split scaled by the
@@ -19,9 +20,11 @@ for the slow tests, ``baseline_run`` and ``baseline_fingerprint`` (the synthetic
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -36,6 +39,7 @@ from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from ._kit import SYNTHETIC_RUN, digits_split, pipeline_file, run_fingerprint, run_pipeline_file, run_stores
 
 os.environ[LEDGER_DIR_ENV] = tempfile.mkdtemp(prefix="kahm-dask-test-ledgers-")
+atexit.register(shutil.rmtree, os.environ[LEDGER_DIR_ENV], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="session")
