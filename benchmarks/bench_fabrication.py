@@ -36,19 +36,16 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from benchmarks._harness import CACHE, blas_threads, load_mnist, machine_facts, markdown_table, write_report
+from benchmarks.bench_privacy import BLOCK, N_COMP, TANH1, pm, smoother_iterates
 from kahm_dask import KAHMClassifier
-from kahm_dask._random import as_seed_sequence, child_seed_sequence
-from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.datasets import PUBLIC_BOUNDS, load_bundled, make_spiral, split_and_scale
-from kahm_dask.privacy.fabrication import DEFAULT_PASSES, fabricate_partitioned
+from kahm_dask.privacy.fabrication import DEFAULT_PASSES
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning, SecureRandom
 
-N_COMP, BLOCK = 20, 1000
 PASSES = (1, 2, 4, 8, 16)
 COST_PASSES = (1, 2, 4, 8)
 DATASETS = ("digits", "breast_cancer", "wine", "spiral20", "mnist12k")
-TANH1 = float(np.tanh(1.0))
 #: ε per entry and the number of layers L of each data set.
 SETTINGS = {"digits": (2.0, 5), "breast_cancer": (1.0, 5), "wine": (1.0, 5), "spiral20": (2.0, 5),
             "mnist12k": (1.0, 1)}
@@ -82,25 +79,6 @@ def load(name: str):
     return split.X_train, split.y_train, split.X_test, split.y_test, 0.0, 1.0
 
 
-def smoother_iterates(Y_noisy: np.ndarray, y: np.ndarray, seed: int, passes) -> dict[int, np.ndarray]:
-    """{m: the fabricated rows after m passes} (N, p each), one smoother run per part of the
-    default partition of each class (k-means on the noisy rows, the estimator's seed stream)."""
-    root = as_seed_sequence(seed)
-    out = {m: np.empty_like(Y_noisy) for m in passes}
-    for c, label in enumerate(np.unique(y)):
-        rows = np.flatnonzero(y == label)
-        F, labels, _ = fabricate_partitioned(
-            Y_noisy[rows], Y_noisy[rows], N_COMP, r_source="passes", r_value=1, block_size=BLOCK,
-            random_state=child_seed_sequence(root, PARTITION_STREAM, c),
-        )
-        for m in range(1, max(passes) + 1):
-            if m > 1:
-                F = fabricate_partitioned(F, F, N_COMP, r_source="passes", r_value=1, partition=labels)[0]
-            if m in out:
-                out[m][rows] = F
-    return out
-
-
 def run_passes(name: str, seeds) -> list[dict]:
     Xtr, ytr, Xte, yte, lo, hi = load(name)
     eps, layers = SETTINGS[name]
@@ -108,7 +86,7 @@ def run_passes(name: str, seeds) -> list[dict]:
     rows = []
     for seed in seeds:
         Y = mech.release(Xtr, SecureRandom())
-        iterates = {0: Y, **smoother_iterates(Y, ytr, seed, PASSES)}
+        iterates = {0: Y, **smoother_iterates(Y, ytr, np.unique(ytr), seed, PASSES)}
         for m, F in iterates.items():
             clf = KAHMClassifier(N_COMP, layers, BLOCK, random_state=seed, n_jobs=2).fit(F, ytr)
             rows.append({"seed": seed, "passes": m, "acc": float(np.mean(clf.predict(Xte) == yte))})
@@ -136,11 +114,6 @@ def run_cost(name: str, seeds) -> list[dict]:
     return rows
 
 
-def _mean_sd(values) -> str:
-    v = np.asarray(values, dtype=float)
-    return f"{v.mean():.4f} ± {v.std(ddof=1) if v.size > 1 else 0.0:.4f}"
-
-
 def _paired(values, base) -> str:
     d = 100 * (np.asarray(values) - np.asarray(base))
     se = d.std(ddof=1) / np.sqrt(d.size) if d.size > 1 else 0.0
@@ -154,7 +127,7 @@ def passes_table(results: dict[str, list[dict]]) -> str:
            for n in names for m in ms}
     headers = ["passes m"] + [f"{n} (ε = {SETTINGS[n][0]:g}, L = {SETTINGS[n][1]})" for n in names]
     table = [[("0 (noisy rows)" if m == 0 else str(m)) + (" (default)" if m == DEFAULT_PASSES else "")]
-             + [f"{_mean_sd(acc[n, m])} ({_paired(acc[n, m], acc[n, DEFAULT_PASSES])})" for n in names]
+             + [f"{pm(acc[n, m], '{:.4f}')} ({_paired(acc[n, m], acc[n, DEFAULT_PASSES])})" for n in names]
              for m in ms]
     seeds = {n: len(acc[n, DEFAULT_PASSES]) for n in names}
     return (markdown_table(headers, table) + "\n\nTest accuracy, mean ± sd over noise draws "
