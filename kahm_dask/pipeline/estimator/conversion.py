@@ -13,7 +13,7 @@ import zarr
 from kahm_dask._random import as_seed_sequence, child_seed_sequence
 from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier
 from kahm_dask.params import CLASSIFIER_PARAMS
-from kahm_dask.pipeline.estimator.stores import ESTIMATOR_PARAMS_KEY, stored_params
+from kahm_dask.pipeline.estimator.stores import ESTIMATOR_PARAMS_KEY, estimator_keys, stored_params
 from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, read_manifest, write_manifest
 from kahm_dask.pipeline.stores.model import cluster_location, load_cluster, save_cluster
 from kahm_dask.storage.location import Location, committed_directory
@@ -81,7 +81,6 @@ def write_local(clf: KAHMClassifier, target: Location, estimator_params: dict) -
     parameters = stored_params(clf.get_params(deep=False))
     if not isinstance(clf.random_state, Integral) or isinstance(clf.random_state, bool):
         parameters["random_state"] = None
-    own = {k: v for k, v in estimator_params.items() if k not in parameters}  # what "parameters" lacks
     clusters = []
     with committed_directory(target) as tmp:
         for c, (label, model) in enumerate(zip(clf.classes_.tolist(), clf.models_, strict=True)):
@@ -95,5 +94,6 @@ def write_local(clf: KAHMClassifier, target: Location, estimator_params: dict) -
                 save_cluster(tmp, c, s, branch, info)
                 clusters.append({"class": c, "cluster": s, "n_rows": info["n_rows"]})
         release = {"release_id": None, "statement": clf.privacy_statement_.to_dict()} if private else None
+        own = {ESTIMATOR_PARAMS_KEY: estimator_keys(estimator_params, parameters)}
         write_manifest(tmp, build_manifest(jsonable(clf.classes_), clf.n_features_in_, parameters, release,
-                                           clusters, {ESTIMATOR_PARAMS_KEY: own}))
+                                           clusters, own))

@@ -45,9 +45,9 @@ from kahm_dask.pipeline.estimator.stores import (
     MODEL,
     WORK,
     check_target,
+    estimator_keys,
     params_from_manifest,
     store_root,
-    stored_params,
 )
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
@@ -302,10 +302,9 @@ persist_fraction : the partition's
         where the stores live. Finished clusters staged in ``work_path`` are kept (a rerun resumes).
         """
         settings = self.train_settings(bounds_source=bounds_source, budget=budget)
-        recorded = settings.to_params()  # the manifest's "parameters", with the seed the run used
-        own = {k: v for k, v in self.get_params(deep=False).items() if k not in recorded}
+        own = estimator_keys(self.get_params(deep=False), settings.to_params())
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
-                                 manifest_extra={ESTIMATOR_PARAMS_KEY: stored_params(own)})
+                                 manifest_extra={ESTIMATOR_PARAMS_KEY: own})
         self._set_fitted(model_path, read_manifest(model_path))
         return summary
 
@@ -479,5 +478,5 @@ persist_fraction : the partition's
         est._check_params()
         target = as_location(path, storage_options)
         check_target(target)
-        write_local(clf, target, stored_params(est.get_params(deep=False)))
+        write_local(clf, target, est.get_params(deep=False))
         return cls.load(target, storage_options=storage_options)

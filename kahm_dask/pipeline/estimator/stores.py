@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from kahm_dask.params import NOT_STORED_PARAMS
@@ -14,7 +15,7 @@ from kahm_dask.pipeline.stores.manifest import jsonable, read_manifest
 from kahm_dask.storage.location import Location, as_location
 
 __all__ = ["DATA", "WORK", "MODEL", "ESTIMATOR_PARAMS_KEY", "NOT_STORED", "store_root", "check_target",
-           "stored_params", "params_from_manifest"]
+           "stored_params", "estimator_keys", "params_from_manifest"]
 
 #: Where a fit writes under ``store_dir``: the training rows, the pipeline's work store (private
 #: copies, noisy rows, the model while it is trained) and the model store.
@@ -59,6 +60,13 @@ def stored_params(params: dict) -> dict:
     """The public parameters ``params`` of an estimator as JSON for the manifest (its own keys:
     :data:`ESTIMATOR_PARAMS_KEY`)."""
     return {k: jsonable(v) for k, v in params.items() if k not in NOT_STORED}
+
+
+def estimator_keys(params: dict, recorded: Mapping[str, Any]) -> dict:
+    """The manifest's :data:`ESTIMATOR_PARAMS_KEY` entry: the public parameters ``params`` of a
+    Dask estimator that the training run's ``recorded`` parameters (the manifest's
+    ``parameters``) lack, i.e. its store and prediction settings, as JSON."""
+    return stored_params({k: v for k, v in params.items() if k not in recorded})
 
 
 def params_from_manifest(manifest: dict) -> dict:
