@@ -26,7 +26,16 @@ from scipy.spatial.distance import cdist, pdist
 
 from kahm_dask._random import RandomState, as_generator, as_seed_sequence, child_seed_sequence
 from kahm_dask._validation import check_positive_int
-from kahm_dask.privacy.lsdd import CENTRE_STREAM, FOLD_STREAM, LAMBDA_GRID, MEDIAN_STREAM, SIGMA_FACTORS, LSDDResult
+from kahm_dask.privacy.lsdd import (
+    CENTRE_STREAM,
+    FOLD_STREAM,
+    LAMBDA_GRID,
+    MEDIAN_STREAM,
+    SIGMA_FACTORS,
+    LSDDResult,
+    _as_grid,
+    _as_samples,
+)
 from kahm_dask.privacy.membership import LSDD_STREAM, _as_distances
 
 __all__ = [
@@ -38,26 +47,6 @@ __all__ = [
     "kernel_perturbation_bound",
     "l2_agreement_bound",
 ]
-
-
-def _as_samples(x: ArrayLike, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64)
-    if arr.ndim == 1:
-        arr = arr[:, None]
-    if arr.ndim != 2 or arr.shape[0] == 0:
-        raise ValueError(
-            f"{name} must be a non-empty sample of shape (n,) or (n, D), got shape {arr.shape}."
-        )
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} must contain only finite values.")
-    return arr
-
-
-def _as_grid(values: ArrayLike, name: str) -> np.ndarray:
-    grid = np.atleast_1d(np.asarray(values, dtype=np.float64))
-    if grid.ndim != 1 or grid.size == 0 or not (np.isfinite(grid) & (grid > 0)).all():
-        raise ValueError(f"{name} must be a non-empty 1-D list of finite numbers > 0.")
-    return grid
 
 
 def _sigma_scale(pool: np.ndarray, median_subset: int | None, rng: np.random.Generator) -> float:
