@@ -38,6 +38,7 @@ __all__ = [
     "NOT_STORED_PARAMS",
     "PREDICTION_PARAMS",
     "defaults",
+    "DEFAULT_PASSES",
     "RValueRule",
     "R_VALUE_RULES",
     "RuleError",
@@ -118,6 +119,10 @@ MIN_EPSILON = 2.8449465006019646e-13
 def _at_least(low: int) -> Range:
     return Range(Integral, low, None, closed="left")
 
+
+#: Smoother passes M̃ of ``r_source="passes"`` when ``r_value`` is None (chosen by accuracy,
+#: docs/privacy.md "Choosing the defaults").
+DEFAULT_PASSES = 8
 
 PARAMS: dict[str, Param] = {
     "n_components": Param(
@@ -252,8 +257,8 @@ PARAMS: dict[str, Param] = {
     ),
     "r_value": Param(
         (None, Range(Real, 0, None, closed="left")),
-        "the stopping rule's number: smoother passes for r_source 'passes' (None: 8), the public per-row "
-        "error for 'threshold', none for 'private' (docs/algorithm.md#stopping-rule)",
+        f"the stopping rule's number: smoother passes for r_source 'passes' (None: {DEFAULT_PASSES}), the public "
+        "per-row error for 'threshold', none for 'private' (docs/algorithm.md#stopping-rule)",
         default=None,
     ),
     "cluster_on": Param(

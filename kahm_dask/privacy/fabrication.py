@@ -22,7 +22,7 @@ import numpy as np
 
 from kahm_dask._validation import as_data_matrix, check_n_rows, check_positive_int
 from kahm_dask.kahm import KAHM
-from kahm_dask.params import PARAMS, check_params
+from kahm_dask.params import DEFAULT_PASSES, PARAMS, check_params
 from kahm_dask.partition import (
     KMEANS_DIMS,
     check_partition,
@@ -46,9 +46,6 @@ __all__ = [
 
 R_SOURCES = PARAMS["r_source"].choices
 CLUSTER_ON = PARAMS["cluster_on"].choices
-#: Smoother passes M̃ of ``r_source="passes"`` when ``r_value`` is None (chosen by accuracy,
-#: docs/privacy.md "Choosing the defaults").
-DEFAULT_PASSES = 8
 
 
 class FabricationWarning(UserWarning):
