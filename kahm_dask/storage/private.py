@@ -47,8 +47,18 @@ def make_private(path: str | os.PathLike) -> None:
     os.chmod(path, PRIVATE_DIR_MODE)
     for root, dirs, files in os.walk(path):
         for name in dirs:
-            os.chmod(os.path.join(root, name), PRIVATE_DIR_MODE, follow_symlinks=False)
+            _chmod_if_present(os.path.join(root, name), PRIVATE_DIR_MODE)
         for name in files:
             full = os.path.join(root, name)
             if not os.path.islink(full):
-                os.chmod(full, PRIVATE_FILE_MODE)
+                _chmod_if_present(full, PRIVATE_FILE_MODE)
+
+
+def _chmod_if_present(path: str, mode: int) -> None:
+    """chmod ``path`` (not following a link); an entry removed or renamed since the walk listed
+    it (a writer's temporary file, e.g. of a task still running after Ctrl-C) is skipped: it is
+    inside a folder already made owner-only."""
+    try:
+        os.chmod(path, mode, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
