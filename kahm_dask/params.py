@@ -46,6 +46,8 @@ __all__ = [
     "check_params",
     "check_estimator_params",
     "check_r_value",
+    "FABRICATION_PARAMS",
+    "unused_fabrication_settings",
 ]
 
 
@@ -245,9 +247,9 @@ PARAMS: dict[str, Param] = {
     ),
     "dp_data": Param(
         (Choices("fabricated", "noisy"),),
-        "rows the DP class models are fitted to: fabricated from the noisy rows, or the noisy rows "
-        "(docs/algorithm.md#dp-classifier)",
-        default="fabricated",
+        "rows the DP class models are fitted to: the noisy rows, or rows fabricated from them "
+        "(docs/algorithm.md#dp-classifier, docs/privacy.md#choosing-the-defaults)",
+        default="noisy",
     ),
     "r_source": Param(
         (Choices("passes", "threshold", "private"),),
@@ -329,6 +331,24 @@ NOT_STORED_PARAMS: tuple[str, ...] = ("ledger", "budget", "insecure_noise_seed",
 #: Parameters of the prediction, not of the model: a fitted estimator may change them, and a
 #: training run neither reads nor records them (``n_probe``: the routing; ``eval_dtype``: the precision).
 PREDICTION_PARAMS: tuple[str, ...] = ("n_probe", "eval_dtype")
+
+
+#: Parameters that only the fabrication reads: with ``dp_data="noisy"`` nothing is fabricated.
+FABRICATION_PARAMS: tuple[str, ...] = ("r_source", "r_value", "max_passes")
+
+
+def unused_fabrication_settings(values: Mapping[str, Any]) -> list[str]:
+    """The names of :data:`FABRICATION_PARAMS` that ``values`` sets away from their defaults
+    while its ``dp_data`` (default :data:`PARAMS`' default) fabricates nothing.
+
+    >>> unused_fabrication_settings({"dp_data": "noisy", "r_value": 3, "max_passes": 100})
+    ['r_value']
+    >>> unused_fabrication_settings({"dp_data": "fabricated", "r_value": 3})
+    []
+    """
+    if values.get("dp_data", PARAMS["dp_data"].default) != "noisy":
+        return []
+    return [name for name in FABRICATION_PARAMS if name in values and values[name] != PARAMS[name].default]
 
 
 def defaults(*names: str) -> dict[str, Any]:

@@ -17,13 +17,14 @@ class and the Dask pipeline's ``train_cluster`` per (class, cluster) task.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from kahm_dask.deep import DeepKAHM
-from kahm_dask.params import PARAMS
+from kahm_dask.params import PARAMS, unused_fabrication_settings
 from kahm_dask.privacy.fabrication import fabricate_subset
 
 __all__ = ["TrainParams", "ClusterFit"]
@@ -61,7 +62,7 @@ class TrainParams:
     --------
     >>> import numpy as np
     >>> rows = np.random.default_rng(0).uniform(size=(40, 3))
-    >>> fit = TrainParams(2, 2, epsilon=1.0, r_value=3).fit_cluster(rows)
+    >>> fit = TrainParams(2, 2, epsilon=1.0, dp_data="fabricated", r_value=3).fit_cluster(rows)
     >>> fit.dp_rows.shape, fit.n_passes, fit.model.layer_dims_
     ((40, 3), 3, [2, 1])
     """
@@ -75,6 +76,17 @@ class TrainParams:
     r_value: float | int | None = PARAMS["r_value"].default
     max_passes: int = PARAMS["max_passes"].default
     chunk_size: int = PARAMS["chunk_size"].default
+
+    def __post_init__(self) -> None:
+        unused = unused_fabrication_settings(self.to_dict()) if self.private else []
+        if unused:
+            warnings.warn(
+                f"{', '.join(unused)} set{'s' if len(unused) == 1 else ''} the fabrication, but dp_data='noisy' "
+                "fits the class models on the noisy rows and fabricates nothing: set dp_data='fabricated' "
+                "to fabricate (docs/privacy.md#choosing-the-defaults).",
+                UserWarning,
+                stacklevel=4,
+            )
 
     @property
     def private(self) -> bool:

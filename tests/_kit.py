@@ -101,8 +101,8 @@ def three_blobs(seed: int, n_train: int = 200, n_test: int = 100, p: int = 5, si
 RECIPE_SETTINGS = {
     "plain": {},
     "noisy": {"dp_data": "noisy"},
-    "fabricated": {"r_value": 2},
-    "fabricated-private-r": {"r_source": "private"},
+    "fabricated": {"dp_data": "fabricated", "r_value": 2},
+    "fabricated-private-r": {"dp_data": "fabricated", "r_source": "private"},
 }
 
 

@@ -38,7 +38,7 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
 
     A file with a top-level `federation:` section runs the federated pipeline (one model per
     site, global decision from the sites' minimum distances). A DP run writes what may be
-    published to <output>/public/ (model.zarr, PRIVACY.md, a plot of fabricated rows) and
+    published to <output>/public/ (model.zarr, PRIVACY.md, a plot of DP rows) and
     everything computed on private rows to <output>/owner/ (report.json, report.md, plots,
     predictions, data and work stores; 0700, owner only), which stays with the data owner.
     Every release is recorded in the privacy ledger of the training rows before its noise is

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kahm_dask.params import PARAMS
 from kahm_dask.privacy.bounds import Scaling
 from kahm_dask.privacy.fingerprint import DataFingerprint
 from kahm_dask.privacy.ledger import PrivacyLedger
@@ -113,11 +114,11 @@ def begin_release(
     data: DataFingerprint | Callable[[], DataFingerprint] | None,
     what: str,
     budget: tuple[float, float] | None = None,
-    delta: float = 0.0,
-    d=None,
-    dp_data: str = "fabricated",
-    r_source: str = "passes",
-    cluster_on: str = "noisy",
+    delta: float = PARAMS["delta"].default,
+    d=PARAMS["d"].default,
+    dp_data: str = PARAMS["dp_data"].default,
+    r_source: str = PARAMS["r_source"].default,
+    cluster_on: str = PARAMS["cluster_on"].default,
     caller_partition: bool = False,
     insecure_noise: bool = False,
     scaling: Scaling | None = None,

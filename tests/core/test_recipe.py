@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 import pickle
+import warnings
 
 import numpy as np
 import pytest
 
-from kahm_dask import DeepKAHM, WideKAHM
+from kahm_dask import DeepKAHM, KAHMClassifier, WideKAHM
 from kahm_dask.deep import _query_blocks
 from kahm_dask.kahm import EVAL_BLOCK_ROWS
 from kahm_dask.partition import kmeans_partition, partition_with_min_size
@@ -72,7 +73,8 @@ def test_per_branch_recipe_equals_remark4_then_wide_fit(fitted, name):
     """With a given partition, the per-branch recipe is docs/algorithm.md#training-pipeline's
     fit: fabricate_partitioned over the partition, then WideKAHM.fit with it."""
     X, y, part, noisy, out = fitted
-    clf, kw = out[name], SETTINGS[name]
+    clf = out[name]
+    kw = {k: v for k, v in SETTINGS[name].items() if k != "dp_data"}  # the fabrication's own settings
     for c in (0, 1):
         rows = y == c
         with _ignore_leaks():
@@ -84,7 +86,7 @@ def test_per_branch_recipe_equals_remark4_then_wide_fit(fitted, name):
 
 
 def test_recipe_parameters_are_small_frozen_and_picklable():
-    params = TrainParams(4, 2, epsilon=1.0, r_source="private")
+    params = TrainParams(4, 2, epsilon=1.0, dp_data="fabricated", r_source="private")
     assert pickle.loads(pickle.dumps(params)) == params
     assert params.private and params.fabricates and params.reads_private_rows
     assert not TrainParams(4, 2, epsilon=1.0, dp_data="noisy", r_source="private").reads_private_rows
@@ -93,6 +95,24 @@ def test_recipe_parameters_are_small_frozen_and_picklable():
         params.epsilon = 2.0
     with pytest.raises(ValueError, match="needs the subset's original rows"):
         params.fit_cluster(np.random.default_rng(0).uniform(size=(40, 3)))
+
+
+def test_fabrication_settings_without_fabrication_warn():
+    """With dp_data="noisy" (the default) nothing is fabricated: a stopping rule set away from its
+    default would be ignored silently, so it warns and names the setting; fabricating, or not
+    private, or the defaults, it does not."""
+    with pytest.warns(UserWarning, match=r"r_source, r_value set the fabrication.*dp_data='fabricated'"):
+        TrainParams(4, 2, epsilon=1.0, r_source="threshold", r_value=0.1)
+    with pytest.warns(UserWarning, match=r"^max_passes sets the fabrication"):
+        TrainParams(4, 2, epsilon=1.0, max_passes=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TrainParams(4, 2, epsilon=1.0)
+        TrainParams(4, 2, epsilon=1.0, dp_data="fabricated", r_value=3, max_passes=5)
+        TrainParams(4, 2, r_value=3)  # not private: no DP rows at all
+    X, y, _ = _data(0)
+    with pytest.warns(UserWarning, match="r_value sets the fabrication"):
+        KAHMClassifier(3, 1, random_state=0, epsilon=1.0, bounds=(0, 1), r_value=2).fit(X, y)
 
 
 def test_wide_assemble_equals_fit():

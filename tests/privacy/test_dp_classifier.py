@@ -71,7 +71,7 @@ def _seeded(seed: int) -> InsecureSeededRandom:
 
 @pytest.fixture(scope="module")
 def fabricated(digits):
-    return _fit(digits, epsilon=EPS)
+    return _fit(digits, epsilon=EPS, dp_data="fabricated")
 
 
 @pytest.fixture(scope="module")
@@ -243,15 +243,15 @@ def test_same_seeds_same_model_random_state_does_not_fix_the_noise(digits, fabri
     (the noise is secure), and another noise seed gives other data."""
     with pytest.warns(PrivacyLeakWarning, match="fixed seed"):
         again = KAHMClassifier(
-            N_COMP, N_LAYERS, random_state=0, epsilon=EPS, bounds=(0, 1),
+            N_COMP, N_LAYERS, random_state=0, epsilon=EPS, bounds=(0, 1), dp_data="fabricated",
             insecure_noise_seed=NOISE_SEED,
         ).fit(digits.X_train, digits.y_train)
     np.testing.assert_array_equal(again.predict(digits.X_test), fabricated.predict(digits.X_test))
     for label in fabricated.classes_:
         np.testing.assert_array_equal(again.dp_data_[label], fabricated.dp_data_[label])
     assert again.fabrication_passes_ == fabricated.fabrication_passes_
-    other = _fit(digits, epsilon=EPS, insecure_noise_seed=NOISE_SEED + 1)
-    secure = _fit(digits, epsilon=EPS, insecure_noise_seed=None)
+    other = _fit(digits, epsilon=EPS, dp_data="fabricated", insecure_noise_seed=NOISE_SEED + 1)
+    secure = _fit(digits, epsilon=EPS, dp_data="fabricated", insecure_noise_seed=None)
     for label in fabricated.classes_:
         assert not np.allclose(other.dp_data_[label], fabricated.dp_data_[label])
         assert not np.allclose(secure.dp_data_[label], fabricated.dp_data_[label])
@@ -260,7 +260,7 @@ def test_same_seeds_same_model_random_state_does_not_fix_the_noise(digits, fabri
 def test_privacy_statement_of_a_default_fit(digits):
     clf = _fit(digits, epsilon=EPS, insecure_noise_seed=None)
     statement = clf.privacy_statement_
-    assert statement.holds and statement.weakenings == [] and statement.dp_data == "fabricated"
+    assert statement.holds and statement.weakenings == [] and statement.dp_data == "noisy"
     assert statement.bounds_source == BOUNDS_PUBLIC
     m = statement.mechanism
     assert (m["epsilon"], m["delta"], m["d"], m["lower"], m["upper"]) == (EPS, 0.0, 1.0, 0.0, 1.0)
@@ -278,7 +278,7 @@ def _small_problem():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(r_source="private"), "r_source='private'"),
+        (dict(dp_data="fabricated", r_source="private"), "r_source='private'"),
         (dict(cluster_on="original", block_size=20), "cluster_on='original'"),
         (dict(d=0.5), "d is smaller than the bound width"),
         (dict(delta=1e-5), "delta = 1e-05"),
@@ -296,16 +296,17 @@ def test_the_papers_options_warn_and_are_named(kwargs, match):
 
 
 def test_noisy_variant_does_not_name_the_smoother_but_names_a_private_partition():
-    """dp_data="noisy" does not run the smoother, so r_source weakens nothing; but the
-    class models' k-means partition reads the private rows with cluster_on="original"
-    whatever dp_data (before, the statement left that out)."""
+    """dp_data="noisy" does not run the smoother, so r_source weakens nothing (and the unused
+    setting says so); but the class models' k-means partition reads the private rows with
+    cluster_on="original" whatever dp_data (before, the statement left that out)."""
     X, y = _small_problem()
     clf = KAHMClassifier(3, 1, random_state=0, epsilon=1.0, bounds=(0, 1), dp_data="noisy", r_source="private")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyLeakWarning)
-        clf.fit(X, y)
+        with pytest.warns(UserWarning, match="r_source sets the fabrication"):
+            clf.fit(X, y)
     assert clf.privacy_statement_.weakenings == []
-    with pytest.warns(PrivacyLeakWarning, match="cluster_on='original'"):
+    with pytest.warns(PrivacyLeakWarning, match="cluster_on='original'"), pytest.warns(UserWarning, match="r_source"):
         clf.set_params(cluster_on="original").fit(X, y)
     assert [w.split(":")[0] for w in clf.privacy_statement_.weakenings] == ["cluster_on='original'"]
 

@@ -43,7 +43,7 @@ def store(tmp_path):
 
 
 def _settings(**kw) -> TrainSettings:
-    return TrainSettings(TrainParams(3, 1, epsilon=2.0, r_value=1), seed=1, bounds=(0.0, 1.0), **kw)
+    return TrainSettings(TrainParams(3, 1, epsilon=2.0), seed=1, bounds=(0.0, 1.0), **kw)
 
 
 def test_concurrent_trainings_under_one_budget_release_once(tmp_path, store):

@@ -34,10 +34,11 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
                 "epsilon", "delta", "d", "n_components", "n_layers", "seed", "privacy", "bounds_source"):
         assert key in report
     assert report["accuracy"] > 0.85 and report["n_train"] == len(digits.y_train)
-    assert report["delta"] == 0 and report["d"] == 1.0 and report["r_source"] == "passes"
+    assert report["delta"] == 0 and report["d"] == 1.0 and report["dp_data"] == "noisy"
+    assert report["r_source"] is None  # nothing fabricated: no stopping rule to report
     assert report["cluster_on"] == "noisy" and isinstance(report["seed"], int)  # public now
     assert report["privacy"]["ledger"]["epsilon_total"] == 2.0
-    assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "fabricated.png", "model.zarr"]
+    assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "dp_rows.png", "model.zarr"]
     assert (owner / "report.md").exists() and (owner / "distances.png").exists()
     assert (owner / "predictions.zarr").is_dir() and (owner / "data" / "train.zarr").is_dir()
     assert not list(run.rglob("samples.png")) and not list(run.rglob("secret_seed.json"))

@@ -42,7 +42,7 @@ def _text_renderings(row: np.ndarray) -> list[str]:
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
-    """The quickstart pipeline run on a thread LocalCluster; the fabricated-rows plot's input
+    """The quickstart pipeline run on a thread LocalCluster; the DP-rows plot's input
     is captured to check what it draws."""
     from kahm_dask.pipeline.cluster import connect
     from kahm_dask.pipeline.runs.central import run_pipeline
@@ -52,9 +52,9 @@ def quickstart_run(tmp_path_factory):
         output=str(out), **{"cluster.processes": False, "cluster.n_workers": 1}
     )
     drawn = []
-    real = report_mod._plot_fabricated
+    real = report_mod._plot_dp_rows
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(report_mod, "_plot_fabricated",
+        mp.setattr(report_mod, "_plot_dp_rows",
                    lambda path, rows, *a, **k: (drawn.append(rows), real(path, rows, *a, **k)))
         with connect(cfg.cluster) as client:
             metrics = run_pipeline(cfg, client, progress=False)
@@ -74,7 +74,7 @@ def private_rows(quickstart_run):
 def test_run_folder_is_split_at_the_release_boundary(quickstart_run):
     out, metrics, _ = quickstart_run
     public, owner = out / "public", out / "owner"
-    assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "fabricated.png", "model.zarr"]
+    assert sorted(p.name for p in public.iterdir()) == ["PRIVACY.md", "dp_rows.png", "model.zarr"]
     assert {"data", "work", "report.json", "report.md", "distances.png", "predictions.zarr"} <= {
         p.name for p in owner.iterdir()}
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["owner", "public"]
@@ -118,7 +118,7 @@ def test_no_private_row_in_the_bytes_or_text_of_any_public_file(quickstart_run, 
     public = out / "public"
     files = [p for p in public.rglob("*") if p.is_file()
              and (p.name == "zarr.json" or not any(part.endswith(".zarr") for part in p.relative_to(public).parts))]
-    assert {"PRIVACY.md", "fabricated.png", "zarr.json"} <= {p.name for p in files}
+    assert {"PRIVACY.md", "dp_rows.png", "zarr.json"} <= {p.name for p in files}
     blob = b"\0".join(p.read_bytes() for p in files)
     # the fingerprint of the training rows is a hash of private data: never published
     fp = open_dataset(out / "owner" / "data" / "train.zarr").fingerprint()

@@ -179,7 +179,7 @@ persist_fraction : the partition's
         delta: float = 0.0,
         bounds=None,
         d=None,
-        dp_data: str = "fabricated",
+        dp_data: str = "noisy",
         r_source: str = "passes",
         r_value: float | int | None = None,
         cluster_on: str = "noisy",

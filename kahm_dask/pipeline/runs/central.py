@@ -8,7 +8,7 @@ The run folder is split at the release boundary (:class:`~kahm_dask.pipeline.run
 
 * ``public/`` may be published: ``model.zarr`` (DP rows and models fitted on them),
   ``PRIVACY.md`` (the privacy statement of the settings used, and the ledger's total) and
-  ``fabricated.png`` (fabricated rows only). Only DP runs have one.
+  ``dp_rows.png`` (DP rows only). Only DP runs have one.
 * ``owner/`` stays with the data owner: ``data/`` (the private stores and their privacy
   ledger), ``work/`` (private copies, the noisy rows), ``predictions.zarr``, ``report.json``,
   ``report.md`` and ``distances.png``: everything computed on private rows (accuracy on the
@@ -262,7 +262,7 @@ def report_metrics(
     }
 
 
-def _fabricated_samples(model_path: Path, k: int = 4) -> dict:
+def _dp_row_samples(model_path: Path, k: int = 4) -> dict:
     """A few DP rows per class from the model store (fabricated or noisy rows only)."""
     manifest = read_manifest(model_path)
     fabricated = {}
@@ -330,7 +330,7 @@ def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: 
     )
     write_statement(paths, summary)
     write_report(paths.owner, metrics, plots=cfg.report.plots,
-                 fabricated=_fabricated_samples(paths.model) if paths.private else {},
+                 fabricated=_dp_row_samples(paths.model) if paths.private else {},
                  d_train=d_train, d_test=d_test,
                  statement_markdown=summary["privacy_statement_markdown"],
                  public_dir=paths.public if paths.private else None)

@@ -5,7 +5,7 @@ A run's folder is split at the release boundary (:class:`RunPaths`)::
     <output>/public/                 DP runs only; may be published:
         model.zarr                   the model store (DP rows and models fitted on them)
         PRIVACY.md                   the privacy statement and the ledger's total
-        fabricated.png               a plot of fabricated rows
+        dp_rows.png                  a plot of DP rows (noisy or fabricated)
     <output>/owner/                  0700: stays with the data owner
         data/train.zarr, test.zarr   the private stores (and their privacy ledger)
         work/                        private copies, the noisy rows, the model while it is trained
@@ -29,12 +29,12 @@ from pathlib import Path
 from kahm_dask.pipeline.training.work import STAGED_MODEL
 from kahm_dask.storage.private import private_directory
 
-__all__ = ["PUBLIC", "OWNER", "REPORT_JSON", "REPORT_MD", "DISTANCES_PLOT", "FABRICATED_PLOT", "STATEMENT_FILE",
+__all__ = ["PUBLIC", "OWNER", "REPORT_JSON", "REPORT_MD", "DISTANCES_PLOT", "DP_ROWS_PLOT", "STATEMENT_FILE",
            "RunPaths", "run_paths", "FederationPaths"]
 
 PUBLIC, OWNER = "public", "owner"
 REPORT_JSON, REPORT_MD, DISTANCES_PLOT = "report.json", "report.md", "distances.png"
-STATEMENT_FILE, FABRICATED_PLOT = "PRIVACY.md", "fabricated.png"
+STATEMENT_FILE, DP_ROWS_PLOT = "PRIVACY.md", "dp_rows.png"
 
 
 @dataclass(frozen=True)

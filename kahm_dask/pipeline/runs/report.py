@@ -1,10 +1,10 @@
 """Run reports (face layer): the owner's ``report.json`` and ``report.md``, and the publishable
-``PRIVACY.md`` and ``fabricated.png``.
+``PRIVACY.md`` and ``dp_rows.png``.
 
 The report is computed on private rows (accuracy on the private test split, membership metrics,
 distances, timings): it is written to the owner's folder and is never published. What may be
 published goes to the public folder: the privacy statement of the settings used (with the
-privacy ledger's total) and a plot of fabricated (DP) rows only. No picture of real rows is made
+privacy ledger's total) and a plot of DP rows (noisy or fabricated) only. No picture of real rows is made
 anywhere. Plots use matplotlib's Agg backend (files only, no screen).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kahm_dask.pipeline.runs.layout import DISTANCES_PLOT, FABRICATED_PLOT, REPORT_JSON, REPORT_MD, STATEMENT_FILE
+from kahm_dask.pipeline.runs.layout import DISTANCES_PLOT, DP_ROWS_PLOT, REPORT_JSON, REPORT_MD, STATEMENT_FILE
 from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["write_report", "write_privacy_statement", "ledger_markdown"]
@@ -30,8 +30,8 @@ def _image_side(p: int) -> int | None:
     return side if side * side == p and side >= 4 else None
 
 
-def _plot_fabricated(path: Path, fabricated: dict, side: int, k: int = 4) -> None:
-    """A grid of fabricated (DP) rows, one class per line: no real row is drawn."""
+def _plot_dp_rows(path: Path, fabricated: dict, side: int, k: int = 4) -> None:
+    """A grid of DP rows (noisy or fabricated), one class per line: no real row is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,7 +48,7 @@ def _plot_fabricated(path: Path, fabricated: dict, side: int, k: int = 4) -> Non
                 ax.imshow(np.asarray(rows[j]).reshape(side, side), cmap="gray_r")
             ax.set_xticks([]), ax.set_yticks([])
         axes[i, 0].set_ylabel(str(c), rotation=0, labelpad=10)
-    axes[0, 0].set_title("fabricated (DP) rows only", loc="left", fontsize=8)
+    axes[0, 0].set_title("DP rows only", loc="left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -101,7 +101,7 @@ def write_privacy_statement(public: Path, statement_markdown: str, ledger: dict 
         "## This folder",
         "",
         "It may be published: `model.zarr` (the DP rows and the models fitted on them), this "
-        f"statement and `{FABRICATED_PLOT}` (fabricated rows only). Everything computed on the "
+        f"statement and `{DP_ROWS_PLOT}` (DP rows only). Everything computed on the "
         "private rows (the report, accuracy, membership metrics, distances, predictions, the "
         "data and work stores) is in the run's `owner/` folder, which stays with the data owner.",
         "",
@@ -230,8 +230,8 @@ def write_report(
     if plots and fabricated and side and public_dir is not None:
         public_dir = Path(public_dir)
         public_dir.mkdir(parents=True, exist_ok=True)
-        _plot_fabricated(public_dir / FABRICATED_PLOT, fabricated, side)
-        rel = os.path.relpath(public_dir / FABRICATED_PLOT, out)
+        _plot_dp_rows(public_dir / DP_ROWS_PLOT, fabricated, side)
+        rel = os.path.relpath(public_dir / DP_ROWS_PLOT, out)
         lines += ["", "## Fabricated (DP) rows (public)", "", f"![fabricated rows]({rel})"]
     if public_dir is not None:
         lines += [
@@ -239,7 +239,7 @@ def write_report(
             "## Folders",
             "",
             f"- `{Path(public_dir).name}/` ({public_dir}): **may be published**: `model.zarr` (DP rows "
-            f"and models fitted on them), `{STATEMENT_FILE}`, `{FABRICATED_PLOT}` (fabricated rows only).",
+            f"and models fitted on them), `{STATEMENT_FILE}`, `{DP_ROWS_PLOT}` (DP rows only).",
             f"- `{out.name}/` ({out}): **stays with the data owner** (folders 0700, files 0600): this report, "
             "`report.json`, `distances.png`, `predictions.zarr`, `data/`, `work/`: everything computed on "
             "private rows (accuracy on the private test split, membership metrics, distances, timings).",

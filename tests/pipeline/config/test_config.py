@@ -88,7 +88,7 @@ DEFAULTS = {
     "privacy.epsilon": None,
     "privacy.delta": 0.0,
     "privacy.d": None,
-    "privacy.dp_data": "fabricated",
+    "privacy.dp_data": "noisy",
     "privacy.r_source": "passes",
     "privacy.r_value": None,
     "privacy.cluster_on": "noisy",

@@ -33,7 +33,7 @@ def test_duplicate_rows_and_constant_features_through_the_pipeline(tmp_path):
     Xd[:, 1] = 0.25
     yd = np.repeat(yb[::2], 2)
     store = write_dataset(tmp_path / "s.zarr", Xd, yd, chunk_rows=25)
-    settings = TrainSettings(TrainParams(4, 3, epsilon=2.0, r_source="passes", r_value=3), seed=0)
+    settings = TrainSettings(TrainParams(4, 3, epsilon=2.0, dp_data="fabricated", r_source="passes", r_value=3), seed=0)
     train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, progress=False)
     D = class_distance_array(tmp_path / "m.zarr", da.from_array(Xb, chunks=(20, 6))).compute(scheduler="threads")
     assert np.isfinite(D).all() and D.shape == (80, 2)

@@ -33,7 +33,7 @@ def blobs(tmp_path):
 
 
 def _train(store, tmp_path, name, r_source, r_value, cluster_on, **kw):
-    params = TrainParams(6, 2, epsilon=2.0, r_source=r_source, r_value=r_value)
+    params = TrainParams(6, 2, epsilon=2.0, dp_data="fabricated", r_source=r_source, r_value=r_value)
     settings = TrainSettings(params, seed=9, block_size=100, cluster_on=cluster_on,  # S = 2 per class
                              bounds=(0.0, 1.0), **kw)
     train_pipeline(store, tmp_path / f"{name}.zarr", tmp_path / f"{name}.work", settings, progress=False)

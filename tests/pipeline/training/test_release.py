@@ -40,7 +40,7 @@ def blobs(tmp_path):
 
 
 def _settings(**kw) -> TrainSettings:
-    params = kw.pop("params", TrainParams(4, 2, epsilon=2.0, r_value=2))
+    params = kw.pop("params", TrainParams(4, 2, epsilon=2.0, dp_data="fabricated", r_value=2))
     return TrainSettings(params, seed=kw.pop("seed", 5), block_size=kw.pop("block_size", 1000),
                          bounds=kw.pop("bounds", (0.0, 1.0)), **kw)
 
@@ -169,7 +169,7 @@ def test_other_privacy_settings_draw_new_noise(tmp_path, blobs):
     store, _ = blobs
     _train(store, tmp_path / "run", _settings())
     shutil.rmtree(tmp_path / "run" / "model.zarr")
-    params = TrainParams(4, 2, epsilon=1.0, r_value=2)
+    params = TrainParams(4, 2, epsilon=1.0, dp_data="fabricated", r_value=2)
     summary = _train(store, tmp_path / "run", _settings(params=params))
     assert summary["privacy"]["noise_reused"] is False
     assert [e["epsilon"] for e in _ledger(store)] == [2.0, 1.0]
@@ -200,7 +200,8 @@ def test_model_store_holds_nothing_else_from_private_rows(tmp_path, blobs):
         assert set(info) == {"class", "cluster", "n_rows", "passes", "layer_dims"}  # no timing
         assert info["passes"] == 2  # r_source "passes": a public constant
     with pytest.warns(PrivacyLeakWarning, match="r_source='private'"):
-        _train(store, tmp_path / "b", _settings(params=TrainParams(4, 2, epsilon=2.0, r_source="private")))
+        private_r = TrainParams(4, 2, epsilon=2.0, dp_data="fabricated", r_source="private")
+        _train(store, tmp_path / "b", _settings(params=private_r))
     for d in (tmp_path / "b" / "model.zarr" / "clusters").iterdir():
         assert "passes" not in json.loads((d / "_COMPLETE.json").read_text())
     statement = read_manifest(tmp_path / "b" / "model.zarr")["privacy"]["statement"]
