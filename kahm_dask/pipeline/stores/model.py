@@ -51,6 +51,7 @@ __all__ = [
     "save_cluster",
     "load_cluster",
     "cached_cluster",
+    "model_cache_bytes",
     "cluster_centre",
     "cluster_done",
     "mark_model_complete",
@@ -218,14 +219,37 @@ def cached_cluster(path: LocationLike, storage_options: Options = None) -> DeepK
     model = load_cluster(path)
     with _CACHE_LOCK:
         _CACHE[key] = model
-        while len(_CACHE) > 1 and sum(_model_bytes(m) for m in _CACHE.values()) > MODEL_CACHE_BYTES:
+        budget = model_cache_bytes()
+        while len(_CACHE) > 1 and sum(_model_bytes(m) for m in _CACHE.values()) > budget:
             _CACHE.popitem(last=False)
     return model
 
 
-#: Byte budget of the per-process model cache. A cluster model holds N_b × (p + 1) floats per
-#: distinct layer (33 MB for N_b = 1000, p = 4096), so a count-based cache can exhaust a worker.
-MODEL_CACHE_BYTES = int(os.environ.get("KAHM_DASK_MODEL_CACHE_MB", "128")) * 2**20
+#: Share of a Dask worker's memory limit given to its model cache. A cluster model holds
+#: N_b × (p + 1) floats per distinct layer (33 MB for N_b = 1000, p = 4096), and the cache is
+#: memory the worker cannot spill: an eighth leaves the rest to the task data below the
+#: worker's 60 % spill threshold.
+MODEL_CACHE_FRACTION = 1 / 8
+#: The budget outside a Dask worker, or in a worker without a memory limit.
+MODEL_CACHE_DEFAULT_BYTES = 128 * 2**20
+
+
+def model_cache_bytes() -> int:
+    """Byte budget of this process's model cache: ``KAHM_DASK_MODEL_CACHE_MB`` if set, else
+    :data:`MODEL_CACHE_FRACTION` of the memory limit of the Dask worker running the caller, else
+    :data:`MODEL_CACHE_DEFAULT_BYTES`."""
+    env = os.environ.get("KAHM_DASK_MODEL_CACHE_MB")
+    if env:
+        return int(env) * 2**20
+    try:
+        from distributed import get_worker
+
+        limit = get_worker().memory_manager.memory_limit
+    except ValueError:  # not in a worker
+        limit = None
+    return int(MODEL_CACHE_FRACTION * limit) if limit else MODEL_CACHE_DEFAULT_BYTES
+
+
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import zarr
 
+import kahm_dask.pipeline.stores.model as model_mod
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.pipeline.stores.model import cached_cluster, cluster_dir, cluster_done, load_cluster, save_cluster
 
@@ -123,3 +124,36 @@ def test_damaged_marker_counts_as_incomplete(tmp_path, model):
     assert cluster_done(tmp_path, 0, 0) is None  # → the task retrains it instead of crashing
     save_cluster(tmp_path, 0, 0, model, {"n_rows": 40})
     assert cluster_done(tmp_path, 0, 0) == {"n_rows": 40}
+
+
+def test_model_cache_budget_comes_from_the_worker_memory_limit(monkeypatch):
+    """An eighth of the Dask worker's memory limit; the environment variable overrides it; outside
+    a worker (or without a limit) the fixed default."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.delenv("KAHM_DASK_MODEL_CACHE_MB", raising=False)
+    assert model_mod.model_cache_bytes() == model_mod.MODEL_CACHE_DEFAULT_BYTES
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="800MiB",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        assert client.submit(model_mod.model_cache_bytes, pure=False).result() == 100 * 2**20
+        monkeypatch.setenv("KAHM_DASK_MODEL_CACHE_MB", "7")
+        assert client.submit(model_mod.model_cache_bytes, pure=False).result() == 7 * 2**20
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit=0,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        monkeypatch.delenv("KAHM_DASK_MODEL_CACHE_MB")
+        assert client.submit(model_mod.model_cache_bytes, pure=False).result() == model_mod.MODEL_CACHE_DEFAULT_BYTES
+
+
+def test_model_cache_evicts_the_least_recently_used_beyond_its_budget(tmp_path, model, monkeypatch):
+    """The cache holds at most the budget's bytes of models (at least one model), oldest use out first."""
+    one = model_mod._model_bytes(model)
+    monkeypatch.setattr(model_mod, "model_cache_bytes", lambda: 2 * one)
+    monkeypatch.setattr(model_mod, "_CACHE", type(model_mod._CACHE)())
+    paths = [save_cluster(tmp_path, 0, s, model, {"n_rows": 40}) for s in range(3)]
+    cached_cluster(paths[0]), cached_cluster(paths[1])
+    cached_cluster(paths[0])  # now the most recent
+    cached_cluster(paths[2])
+    assert [key[0] for key in model_mod._CACHE] == [str(paths[0]), str(paths[2])]
+    monkeypatch.setattr(model_mod, "model_cache_bytes", lambda: 1)
+    cached_cluster(paths[1])
+    assert [key[0] for key in model_mod._CACHE] == [str(paths[1])]
