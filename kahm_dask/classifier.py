@@ -97,8 +97,9 @@ class KAHMClassifier(KAHMClassifierBase):
         The stopping rule's number: the smoother passes for "passes" (an int; None: the
         default), the public per-row error for "threshold"; "private" takes none.
     cluster_on : {"noisy", "original"}, default="noisy"
-        Rows the fabrication's k-means partition (Remark 4) is computed on; "original" (the
-        paper's order) partitions private rows and warns with ``PrivacyLeakWarning``.
+        Rows each class's k-means partition (its branches and, when fabricating, the Remark 4
+        subsets) is computed on; "original" (the paper's order) partitions private rows and warns
+        with ``PrivacyLeakWarning``.
     max_passes : int, default=100
         Cap of the smoother M_max.
     s_rule : {"round", "ceil"}, default="round"

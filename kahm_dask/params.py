@@ -265,7 +265,8 @@ PARAMS: dict[str, Param] = {
     ),
     "cluster_on": Param(
         (Choices("noisy", "original"),),
-        "rows the fabrication's k-means partition runs on; 'original' (the private rows) leaks "
+        "rows each class's k-means partition (its branches, the fabrication's subsets) runs on; 'original' "
+        "(the private rows) leaks "
         "(docs/algorithm.md#big-data-fabrication)",
         default="noisy",
     ),
