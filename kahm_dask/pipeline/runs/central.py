@@ -265,16 +265,16 @@ def report_metrics(
 def _dp_row_samples(model_path: Path, k: int = 4) -> dict:
     """A few DP rows per class from the model store (fabricated or noisy rows only)."""
     manifest = read_manifest(model_path)
-    fabricated = {}
+    samples = {}
     for entry in manifest["clusters"]:
         label = manifest["classes"][entry["class"]]
-        if label in fabricated:
+        if label in samples:
             continue
         group = zarr.open_group(str(model_path / "clusters" / f"c{entry['class']}_s{entry['cluster']}"), mode="r")
         if "fabricated" not in group:
             return {}
-        fabricated[label] = group["fabricated"][:k]
-    return fabricated
+        samples[label] = group["fabricated"][:k]
+    return samples
 
 
 def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: Progress | bool = True) -> dict:
@@ -330,7 +330,7 @@ def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: 
     )
     write_statement(paths, summary)
     write_report(paths.owner, metrics, plots=cfg.report.plots,
-                 fabricated=_dp_row_samples(paths.model) if paths.private else {},
+                 dp_rows=_dp_row_samples(paths.model) if paths.private else {},
                  d_train=d_train, d_test=d_test,
                  statement_markdown=summary["privacy_statement_markdown"],
                  public_dir=paths.public if paths.private else None)

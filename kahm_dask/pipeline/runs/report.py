@@ -4,8 +4,8 @@
 The report is computed on private rows (accuracy on the private test split, membership metrics,
 distances, timings): it is written to the owner's folder and is never published. What may be
 published goes to the public folder: the privacy statement of the settings used (with the
-privacy ledger's total) and a plot of DP rows (noisy or fabricated) only. No picture of real rows is made
-anywhere. Plots use matplotlib's Agg backend (files only, no screen).
+privacy ledger's total) and a plot of DP rows (noisy or fabricated) only. No picture of real
+rows is made anywhere. Plots use matplotlib's Agg backend (files only, no screen).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["write_report", "write_privacy_statement", "ledger_markdown"]
 
-#: The plot of fabricated rows in the public folder.
+#: The plot of DP rows in the public folder.
 #: The privacy statement in the public folder.
 
 
@@ -30,18 +30,18 @@ def _image_side(p: int) -> int | None:
     return side if side * side == p and side >= 4 else None
 
 
-def _plot_dp_rows(path: Path, fabricated: dict, side: int, k: int = 4) -> None:
+def _plot_dp_rows(path: Path, dp_rows: dict, side: int, k: int = 4) -> None:
     """A grid of DP rows (noisy or fabricated), one class per line: no real row is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    classes = list(fabricated)[:10]
+    classes = list(dp_rows)[:10]
     fig, axes = plt.subplots(len(classes), k, figsize=(k * 0.9, len(classes) * 0.95))
     axes = np.atleast_2d(axes).reshape(len(classes), k)
     for i, c in enumerate(classes):
-        rows = fabricated[c]
+        rows = dp_rows[c]
         for j in range(k):
             ax = axes[i, j]
             if j < len(rows):
@@ -197,7 +197,7 @@ def write_report(
     metrics: dict,
     *,
     plots: bool = True,
-    fabricated: dict | None = None,
+    dp_rows: dict | None = None,
     d_train: np.ndarray | None = None,
     d_test: np.ndarray | None = None,
     statement_markdown: str | None = None,
@@ -206,7 +206,7 @@ def write_report(
     """Write ``out/report.json`` and ``out/report.md`` (``out``: the owner's folder); return the
     markdown text. The markdown gives the results (each explained in a line), the timings, the
     settings, the privacy statement and where things are, in that order. With ``public_dir`` (a
-    DP run), the fabricated rows' plot goes there and the report says which folder is which."""
+    DP run), the DP rows' plot goes there and the report says which folder is which."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / REPORT_JSON, metrics, indent=2, default=_jsonable)
@@ -227,12 +227,12 @@ def write_report(
         _plot_histograms(out / DISTANCES_PLOT, d_train, d_test)
         lines += ["", "## Distances, members vs non-members (owner only)", "", f"![distances]({DISTANCES_PLOT})"]
     side = _image_side(int(metrics.get("n_features", 0)))
-    if plots and fabricated and side and public_dir is not None:
+    if plots and dp_rows and side and public_dir is not None:
         public_dir = Path(public_dir)
         public_dir.mkdir(parents=True, exist_ok=True)
-        _plot_dp_rows(public_dir / DP_ROWS_PLOT, fabricated, side)
+        _plot_dp_rows(public_dir / DP_ROWS_PLOT, dp_rows, side)
         rel = os.path.relpath(public_dir / DP_ROWS_PLOT, out)
-        lines += ["", "## Fabricated (DP) rows (public)", "", f"![fabricated rows]({rel})"]
+        lines += ["", "## DP rows (public)", "", f"![DP rows]({rel})"]
     if public_dir is not None:
         lines += [
             "",
