@@ -132,7 +132,8 @@ def run_cost(name: str, seeds) -> list[dict]:
     eps, layers = SETTINGS[name]
     bounds = (lo, hi)
     configs = [("non-private", {}), ("DP, noisy rows", {"epsilon": eps, "bounds": bounds, "dp_data": "noisy"})]
-    configs += [(f"DP, fabricated, {m} passes", {"epsilon": eps, "bounds": bounds, "r_value": m}) for m in COST_PASSES]
+    fabricated = {"epsilon": eps, "bounds": bounds, "dp_data": "fabricated"}
+    configs += [(f"DP, fabricated, {m} passes", {**fabricated, "r_value": m}) for m in COST_PASSES]
     rows = []
     for seed in seeds:
         for label, kw in configs:

@@ -43,7 +43,7 @@ def one_run(chunk_rows: int, n_samples: int, epsilon: float | None, work: Path, 
     root = work / f"chunk{chunk_rows}"
     shutil.rmtree(root, ignore_errors=True)
     X, y = synthetic_blobs(n_samples + N_TEST, N_FEATURES, N_CLASSES, seed=0, chunk_rows=chunk_rows, dtype="float32")
-    privacy = {} if epsilon is None else dict(epsilon=epsilon, bounds=(0.0, 1.0), r_value=4)
+    privacy = {} if epsilon is None else dict(epsilon=epsilon, bounds=(0.0, 1.0), dp_data="fabricated", r_value=4)
     with connect(CLUSTER) as client:
         losses = WorkerLosses()
         client.register_plugin(losses)

@@ -173,7 +173,8 @@ def worker(row: str, args) -> dict:
         elif row == "new":
             out = run_memory(X, y, Xt, yt, args, threads=None, n_jobs=2)
         elif row == "new_dp":
-            out = run_memory(X, y, Xt, yt, args, threads=None, n_jobs=2, epsilon=args.epsilon, bounds=MNIST_BOUNDS)
+            out = run_memory(X, y, Xt, yt, args, threads=None, n_jobs=2, epsilon=args.epsilon, bounds=MNIST_BOUNDS,
+                             dp_data="fabricated")
         elif row == "naive":
             out = run_naive(X, y, Xt, yt, args)
         else:
