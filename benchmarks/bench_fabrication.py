@@ -112,19 +112,27 @@ def load(name: str):
     return split.X_train, split.y_train, split.X_test, split.y_test, 0.0, 1.0
 
 
-def run_passes(name: str, seeds) -> list[dict]:
+def _accuracy_rows(name: str, seeds, variants) -> list[dict]:
+    """For each seed, one fresh secure release of the training rows (the data set's ε, its public
+    bounds), and for each DP-row variant ``(label, F)`` that ``variants(Y, y, seed, mech)`` makes of
+    it, the test accuracy of the DP classifier fitted on F: rows ``{"seed", **label, "acc"}``."""
     Xtr, ytr, Xte, yte, lo, hi = load(name)
-    eps, layers = SETTINGS[name]
-    mech = GridLaplace(eps, np.full(Xtr.shape[1], lo), np.full(Xtr.shape[1], hi))
+    mech = GridLaplace(SETTINGS[name][0], np.full(Xtr.shape[1], lo), np.full(Xtr.shape[1], hi))
     rows = []
     for seed in seeds:
-        Y = mech.release(Xtr, SecureRandom())
-        iterates = {0: Y, **smoother_iterates(Y, ytr, np.unique(ytr), seed, PASSES)}
-        for m, F in iterates.items():
-            clf = KAHMClassifier(N_COMP, layers, BLOCK, random_state=seed, n_jobs=2).fit(F, ytr)
-            rows.append({"seed": seed, "passes": m, "acc": float(np.mean(clf.predict(Xte) == yte))})
+        for label, F in variants(mech.release(Xtr, SecureRandom()), ytr, seed, mech):
+            clf = KAHMClassifier(N_COMP, SETTINGS[name][1], BLOCK, random_state=seed, n_jobs=2).fit(F, ytr)
+            rows.append({"seed": seed, **label, "acc": float(np.mean(clf.predict(Xte) == yte))})
             print(name, json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def run_passes(name: str, seeds) -> list[dict]:
+    def iterates(Y, y, seed, mech):
+        for m, F in {0: Y, **smoother_iterates(Y, y, np.unique(y), seed, PASSES)}.items():
+            yield {"passes": m}, F
+
+    return _accuracy_rows(name, seeds, iterates)
 
 
 def run_cost(name: str, seeds) -> list[dict]:
@@ -170,22 +178,16 @@ DENOISE = {"noisy rows": None, "PCA shrinkage, λ > σ²": "noise", "PCA shrinka
 
 
 def run_denoise(name: str, seeds) -> list[dict]:
-    Xtr, ytr, Xte, yte, lo, hi = load(name)
-    eps, layers = SETTINGS[name]
-    mech = GridLaplace(eps, np.full(Xtr.shape[1], lo), np.full(Xtr.shape[1], hi))
-    variance = float(noise_variance(mech).mean())
-    rows = []
-    for seed in seeds:
-        Y = mech.release(Xtr, SecureRandom())
+    def shrunk(Y, y, seed, mech):
+        variance = float(noise_variance(mech).mean())
         for label, edge in DENOISE.items():
             F = Y.copy()
             if edge is not None:
-                for c in np.unique(ytr):
-                    F[ytr == c] = pca_shrink(Y[ytr == c], variance, edge)
-            clf = KAHMClassifier(N_COMP, layers, BLOCK, random_state=seed, n_jobs=2).fit(F, ytr)
-            rows.append({"seed": seed, "config": label, "acc": float(np.mean(clf.predict(Xte) == yte))})
-            print(name, json.dumps(rows[-1]), flush=True)
-    return rows
+                for c in np.unique(y):
+                    F[y == c] = pca_shrink(Y[y == c], variance, edge)
+            yield {"config": label}, F
+
+    return _accuracy_rows(name, seeds, shrunk)
 
 
 def run_defaults(name: str, seeds) -> list[dict]:
