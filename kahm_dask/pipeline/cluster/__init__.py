@@ -33,6 +33,14 @@ environment overrides it. So:
 * a threaded LocalCluster (``processes: false``) runs in the client's process, so
   :func:`connect` limits BLAS there for as long as the client is open, then restores it.
 
+**Freed memory reused.** Dask starts worker processes with ``MALLOC_TRIM_THRESHOLD_=65536``,
+which pins glibc's mmap threshold at 128 KiB: each NumPy temporary larger than that is mapped
+afresh, page-faulted in and unmapped when freed. Every worker process of a cluster reached through
+:func:`connect` gets the :class:`ReusedHeap` plugin, which sets glibc's thresholds to the ceilings
+of its own adaptive rule (mmap above 32 MiB, trim above 64 MiB). Measured on MNIST (60 per-cluster
+tasks, 2 workers × 1 thread, one sitting): the tasks' summed time fell from 29.5 s to 24.7 s and
+the fit from 20.4 s to 17.6 s; a process pool given Dask's setting reproduced the loss.
+
 **Logs.** The scheduler and nannies of a local cluster run in the client's process and log
 through its ``distributed`` loggers; its workers log at Dask's configured level
 ``logging.distributed`` (the ``silence_logs`` of the cluster; default WARNING, as
@@ -42,7 +50,13 @@ through its ``distributed`` loggers; its workers log at Dask's configured level
 from kahm_dask.pipeline.cluster.build import build_cluster, local_cluster, warn_exposed_dashboard
 from kahm_dask.pipeline.cluster.compute import compute
 from kahm_dask.pipeline.cluster.connect import DEFAULT_TIMEOUT, ClusterConnectionError, connect, connect_address
-from kahm_dask.pipeline.cluster.plugins import BLAS_ENV, IgnoreInterrupts, SingleThreadedBLAS, blas_limited_here
+from kahm_dask.pipeline.cluster.plugins import (
+    BLAS_ENV,
+    IgnoreInterrupts,
+    ReusedHeap,
+    SingleThreadedBLAS,
+    blas_limited_here,
+)
 from kahm_dask.pipeline.config.cluster_files import (
     ClusterSpec,
     KubernetesResources,
@@ -59,6 +73,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "ClusterConnectionError",
     "SingleThreadedBLAS",
+    "ReusedHeap",
     "IgnoreInterrupts",
     "blas_limited_here",
     "LocalSpec",

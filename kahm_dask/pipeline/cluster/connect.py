@@ -12,7 +12,7 @@ from distributed import Client
 from distributed.security import Security
 
 from kahm_dask.pipeline.cluster.build import build_cluster, local_cluster
-from kahm_dask.pipeline.cluster.plugins import IgnoreInterrupts, SingleThreadedBLAS, blas_limited_here
+from kahm_dask.pipeline.cluster.plugins import IgnoreInterrupts, ReusedHeap, SingleThreadedBLAS, blas_limited_here
 from kahm_dask.pipeline.cluster.security import TLS_PROTOCOL, check_address, to_security
 from kahm_dask.pipeline.config.cluster_files import ClusterSpec, LocalSpec, RemoteSpec, load_cluster_config
 from kahm_dask.pipeline.config.sections import ClusterConfig
@@ -81,6 +81,7 @@ def connect_address(
     check_address(address, security is not None, address_key=address_key, tls_key=security_key)
     with _client_for_address(address, timeout, security) as client:
         client.register_plugin(SingleThreadedBLAS())
+        client.register_plugin(ReusedHeap())
         logger.info("Dask dashboard: %s", client.dashboard_link)
         yield client
 
@@ -124,6 +125,7 @@ def connect(
         client = stack.enter_context(Client(cluster))
         if not in_process:
             client.register_plugin(SingleThreadedBLAS())
+            client.register_plugin(ReusedHeap())
             client.register_plugin(IgnoreInterrupts())
         logger.info("Dask dashboard: %s", client.dashboard_link)
         yield client

@@ -1,5 +1,6 @@
-"""Worker plugins and BLAS limits: one BLAS thread per Dask thread, and worker processes that
-leave Ctrl-C to the client (the reasons and measurements are in :mod:`kahm_dask.pipeline.cluster`)."""
+"""Worker plugins and BLAS limits: one BLAS thread per Dask thread, glibc's allocator keeping
+freed memory for reuse, and worker processes that leave Ctrl-C to the client (the reasons and
+measurements are in :mod:`kahm_dask.pipeline.cluster`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import threadpool_limits
 
-__all__ = ["BLAS_ENV", "SingleThreadedBLAS", "IgnoreInterrupts", "blas_limited_here"]
+__all__ = [
+    "BLAS_ENV",
+    "MALLOC_THRESHOLDS",
+    "SingleThreadedBLAS",
+    "ReusedHeap",
+    "IgnoreInterrupts",
+    "blas_limited_here",
+    "set_malloc_thresholds",
+]
 
 logger = logging.getLogger("kahm_dask.pipeline.cluster")
 
@@ -38,6 +47,43 @@ class SingleThreadedBLAS(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         """Restore the BLAS thread counts found at setup."""
         self._limits.restore_original_limits()
+
+
+#: glibc ``mallopt`` parameters and the values :class:`ReusedHeap` sets: blocks up to 32 MiB
+#: (glibc's own ceiling for its adaptive mmap threshold on 64-bit) come from the heap, and up to
+#: 64 MiB of free memory at the top of a heap stays mapped (twice that, as glibc's adaptive rule).
+MALLOC_THRESHOLDS = {"M_MMAP_THRESHOLD": (-3, 32 << 20), "M_TRIM_THRESHOLD": (-1, 64 << 20)}
+
+
+def set_malloc_thresholds() -> bool:
+    """Set :data:`MALLOC_THRESHOLDS` in this process with glibc's ``mallopt``; False where the
+    C library is not glibc (nothing is changed there)."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(param, value) == 1 for param, value in MALLOC_THRESHOLDS.values())
+
+
+class ReusedHeap(WorkerPlugin):
+    """Worker plugin: glibc's allocator keeps freed blocks of up to 32 MiB for reuse.
+
+    Dask starts its worker processes with ``MALLOC_TRIM_THRESHOLD_=65536``, which also fixes
+    glibc's mmap threshold at 128 KiB: every NumPy temporary above that (a 1000 × 1000 kernel
+    matrix, a chunk being decompressed) is a fresh ``mmap`` whose pages fault in again, and is
+    unmapped when freed. This plugin sets :data:`MALLOC_THRESHOLDS` instead (glibc only). The
+    memory it keeps is bounded (64 MiB at the top of each heap), and the training pipeline
+    returns it with ``malloc_trim`` before its training tasks.
+    """
+
+    name = "kahm-dask-reused-heap"
+
+    def setup(self, worker: Any) -> None:
+        """Set the thresholds in the worker's process."""
+        if not set_malloc_thresholds():
+            logger.debug("not glibc: the allocator's thresholds are left as they are")
 
 
 class IgnoreInterrupts(WorkerPlugin):

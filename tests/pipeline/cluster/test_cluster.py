@@ -47,6 +47,29 @@ def _worker_blas() -> dict:
     }
 
 
+def _mmapped_bytes_for_a_4_mib_array() -> int:
+    """Runs in a process: how much glibc's mmapped memory grows while a 4 MiB array lives
+    (``mallinfo2().hblkhd``); 0 when the block comes from the heap. Skips off glibc."""
+    import ctypes
+
+    import numpy as np
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                         "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("needs glibc 2.33 or newer")
+    mallinfo2.restype = MallInfo2
+    before = mallinfo2().hblkhd
+    block = np.ones(1 << 19)  # 4 MiB
+    grown = mallinfo2().hblkhd - before
+    del block
+    return int(grown)
+
+
 def _on_every_worker(client: Client, func) -> dict:
     """Run ``func`` as a task on each worker; results by worker address."""
     workers = list(client.scheduler_info()["workers"])
@@ -83,6 +106,24 @@ def test_local_processes_run_tasks_with_blas_env_set_before_spawn():
         assert r["env"] == dict.fromkeys(BLAS_VARS, "1")
         assert len(r["blas"]) >= 2  # NumPy's and SciPy's OpenBLAS
         assert set(r["blas"].values()) == {1}
+
+
+def test_local_worker_processes_reuse_freed_blocks_instead_of_mapping_each():
+    # Dask's MALLOC_TRIM_THRESHOLD_ pins glibc's mmap threshold at 128 KiB; the ReusedHeap
+    # plugin raises it to 32 MiB, so a 4 MiB temporary comes from the heap (none is mmapped).
+    with connect(ClusterConfig(n_workers=1, processes=True)) as client:
+        (grown,) = _on_every_worker(client, _mmapped_bytes_for_a_4_mib_array).values()
+    assert grown == 0
+
+
+def test_the_mmap_measure_sees_dasks_setting_map_a_4_mib_array():
+    # The control of the test above: in a process started with Dask's variable, the same
+    # 4 MiB array is one fresh mmap.
+    code = ("from tests.pipeline.cluster.test_cluster import _mmapped_bytes_for_a_4_mib_array as f; "
+            "print(f())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).parents[3], env={**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"})
+    assert int(out.stdout) >= 4 << 20
 
 
 def test_worker_blas_is_limited_even_when_the_environment_says_otherwise(monkeypatch):
