@@ -41,6 +41,7 @@ from kahm_dask._random import child_seed_sequence
 from kahm_dask._validation import check_class_sizes, check_n_components
 from kahm_dask.classifier import PARTITION_STREAM
 from kahm_dask.pipeline.cluster import compute
+from kahm_dask.pipeline.cluster.plugins import release_free_memory
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, write_manifest
@@ -194,7 +195,7 @@ def _train(
         write_manifest(staged, build_manifest(list(store.classes), store.n_features, parameters, release, clusters,
                                               extra))
         if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
-            client.run(_trim_memory)
+            client.run(release_free_memory)
         tasks = [
             dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
             for c, s, a, b in table
@@ -238,17 +239,6 @@ def _labels(partition, by_class, layout, params, settings, root, client, y) -> n
         persist_bytes=_memory_share(settings.persist_fraction, client),
     )
     return labels
-
-
-def _trim_memory() -> int:
-    """Return freed heap memory of this (worker) process to the OS (glibc ``malloc_trim``;
-    a no-op elsewhere), so the training tasks start from the worker's real baseline."""
-    try:
-        import ctypes
-
-        return int(ctypes.CDLL("libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return 0
 
 
 def _memory_share(fraction: float, client, combine=sum) -> int:

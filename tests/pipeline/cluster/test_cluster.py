@@ -22,6 +22,7 @@ from kahm_dask.pipeline.cluster import (
     KubernetesSpec,
     LocalSpec,
     RemoteSpec,
+    ReusedHeap,
     SlurmSpec,
     SSHSpec,
     build_cluster,
@@ -70,6 +71,25 @@ def _mmapped_bytes_for_a_4_mib_array() -> int:
     return int(grown)
 
 
+def _rss_after_freeing_fragments(keep_thresholds_only: bool = False) -> dict:
+    """Runs in a process: allocate 600 blocks of 1 MiB, free nine in ten (the freed memory lies
+    between live blocks, so glibc keeps it), wait 1 s, and report the resident memory then.
+    ``keep_thresholds_only``: set the plugin's thresholds here first (the control: no check)."""
+    import numpy as np
+    import psutil
+
+    from kahm_dask.pipeline.cluster.plugins import set_malloc_thresholds
+
+    if keep_thresholds_only:
+        set_malloc_thresholds()
+    blocks = [np.ones(1 << 17) for _ in range(600)]
+    peak = psutil.Process().memory_info().rss
+    kept = blocks[::10]
+    del blocks
+    time.sleep(1.0)
+    return {"peak": peak, "after": psutil.Process().memory_info().rss, "kept": len(kept)}
+
+
 def _on_every_worker(client: Client, func) -> dict:
     """Run ``func`` as a task on each worker; results by worker address."""
     workers = list(client.scheduler_info()["workers"])
@@ -116,6 +136,14 @@ def test_local_worker_processes_reuse_freed_blocks_instead_of_mapping_each():
     assert grown == 0
 
 
+def test_a_worker_with_a_small_memory_limit_keeps_dasks_setting():
+    # Below MIN_MEMORY_LIMIT the memory a heap keeps is a large share of the limit: the plugin
+    # leaves Dask's setting, and the 4 MiB temporary is mapped and unmapped as before.
+    with connect(ClusterConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
+        (grown,) = _on_every_worker(client, _mmapped_bytes_for_a_4_mib_array).values()
+    assert grown >= 4 << 20
+
+
 def test_the_mmap_measure_sees_dasks_setting_map_a_4_mib_array():
     # The control of the test above: in a process started with Dask's variable, the same
     # 4 MiB array is one fresh mmap.
@@ -124,6 +152,28 @@ def test_the_mmap_measure_sees_dasks_setting_map_a_4_mib_array():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          cwd=Path(__file__).parents[3], env={**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"})
     assert int(out.stdout) >= 4 << 20
+
+
+def test_memory_kept_for_reuse_is_returned_before_it_nears_the_memory_limit():
+    # With a limit, the plugin returns free heap memory while the process holds more than half
+    # of it: the 540 MiB freed between live blocks must not stay (it would count as unmanaged
+    # memory towards Dask's pause threshold, and a paused worker whose memory is only kept never
+    # resumes).
+    with connect(ClusterConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
+        client.register_plugin(ReusedHeap(min_memory_limit=0))  # 1 GiB is below the default minimum
+        (r,) = _on_every_worker(client, _rss_after_freeing_fragments).values()
+    assert r["peak"] > 600 << 20
+    assert r["after"] < r["peak"] - (400 << 20)
+
+
+def test_the_freed_fragments_stay_without_the_check():
+    # The control: the same thresholds without the check keep the freed memory resident.
+    code = ("from tests.pipeline.cluster.test_cluster import _rss_after_freeing_fragments as f; "
+            "r = f(True); print(r['peak'], r['after'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).parents[3])
+    peak, after = map(int, out.stdout.split())
+    assert after > peak - (100 << 20)
 
 
 def test_worker_blas_is_limited_even_when_the_environment_says_otherwise(monkeypatch):
