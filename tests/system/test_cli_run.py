@@ -54,7 +54,7 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
     X_tr = zarr.open_array(str(owner / "data" / "train.zarr" / "X"), mode="r")[...]
     assert sum(X_tr[i].tobytes() in blob for i in range(len(X_tr))) == 0
     for path in (public / "model.zarr" / "clusters").iterdir():
-        fab = zarr.open_group(str(path), mode="r")["fabricated"][:]
+        fab = zarr.open_group(str(path), mode="r")["dp_rows"][:]
         dist = np.sqrt(((fab[:, None, :] - X_tr[None, :, :]) ** 2).sum(-1)).min(axis=1)
         assert dist.min() > 1e-9
 

@@ -99,7 +99,7 @@ def test_run_folder_is_split_at_the_release_boundary(quickstart_run):
 def test_no_private_row_in_any_public_zarr_array(quickstart_run, private_rows):
     out, _, _ = quickstart_run
     arrays = _zarr_arrays(out / "public")
-    assert any(name.endswith("fabricated") for name in arrays)
+    assert any(name.endswith("dp_rows") for name in arrays)
     private = set().union(*(_row_keys(X) for X in private_rows.values()))
     for name, arr in arrays.items():
         if arr.ndim == 2 and arr.shape[1] == 64:
@@ -136,7 +136,7 @@ def test_no_picture_of_real_rows(quickstart_run, private_rows):
     assert not list(out.rglob("samples*.png"))
     assert len(drawn) == 1  # the one plot of rows: fabricated rows from the model store only
     fabricated = set()
-    for arr in (a for n, a in _zarr_arrays(out / "public" / "model.zarr").items() if n.endswith("fabricated")):
+    for arr in (a for n, a in _zarr_arrays(out / "public" / "model.zarr").items() if n.endswith("dp_rows")):
         fabricated |= {r.tobytes() for r in arr.astype(np.float64)}
     private = set().union(*(_row_keys(X) for X in private_rows.values()))
     for rows in drawn[0].values():

@@ -15,7 +15,7 @@ from kahm_dask.classifier import PARTITION_STREAM, KAHMClassifier
 from kahm_dask.params import CLASSIFIER_PARAMS
 from kahm_dask.pipeline.estimator.stores import ESTIMATOR_PARAMS_KEY, estimator_keys, stored_params
 from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, read_manifest, write_manifest
-from kahm_dask.pipeline.stores.model import cluster_location, load_cluster, save_cluster
+from kahm_dask.pipeline.stores.model import cluster_location, dp_rows_array, load_cluster, save_cluster
 from kahm_dask.storage.location import Location, committed_directory
 
 __all__ = ["to_local", "write_local"]
@@ -61,8 +61,9 @@ def to_local(estimator: Any) -> KAHMClassifier:
         dp_rows, passes = {}, {}
         for c, (label, entries) in enumerate(zip(estimator.classes_.tolist(), clusters, strict=True)):
             groups = [zarr.open_group(where(c, e["cluster"]).zarr_store(read_only=True), mode="r") for e in entries]
-            if all("fabricated" in g for g in groups):
-                dp_rows[label] = np.concatenate([g["fabricated"][...] for g in groups])
+            arrays = [dp_rows_array(g) for g in groups]
+            if all(a is not None for a in arrays):
+                dp_rows[label] = np.concatenate([a[...] for a in arrays])
             passes[label] = [g.attrs["info"].get("passes") for g in groups]
         if len(dp_rows) == len(clusters):
             clf.dp_data_ = dp_rows

@@ -11,7 +11,9 @@ Layout (zarr v3, on the local filesystem or at a URL fsspec reaches, with ``stor
                                      (class, cluster, n_rows, layer_dims, and the smoother
                                      passes unless they depend on private rows; no timing)
         layer{k}/{mean,components,explained_variance,codes,beta,kernel_eigenvalues}
-        fabricated                   (N_cs, p) DP rows the model was fitted on (DP runs only)
+        dp_rows                      (N_cs, p) DP rows the model was fitted on, noisy or
+                                     fabricated (DP runs only; "fabricated" in stores
+                                     written before it was renamed, still read)
 
 A cluster group is written with its completion marker under a temporary name and renamed
 into place in one step, so a reader never sees half a cluster, a complete cluster is never
@@ -55,10 +57,27 @@ __all__ = [
     "cluster_centre",
     "cluster_done",
     "mark_model_complete",
+    "DP_ROWS",
+    "dp_rows_array",
 ]
 
 _COMPLETE = COMPLETE_FILE
 Options = Mapping[str, Any] | None
+
+#: The array of a cluster group holding the DP rows its model was fitted on.
+DP_ROWS = "dp_rows"
+
+#: Its name in model stores written before the noisy rows became the default DP rows.
+_LEGACY_DP_ROWS = "fabricated"
+
+
+def dp_rows_array(group: zarr.Group) -> zarr.Array | None:
+    """The DP rows array of the cluster group ``group`` (either name), or None in a
+    non-private model store."""
+    for name in (DP_ROWS, _LEGACY_DP_ROWS):
+        if name in group:
+            return group[name]
+    return None
 
 
 def cluster_name(c: int, s: int) -> str:
@@ -146,7 +165,7 @@ def _write_cluster(where: Location, model: DeepKAHM, info: dict, dp_rows: np.nda
             layer.create_array(name, data=np.ascontiguousarray(arr), overwrite=True)
         scalars.append(sc)
     if dp_rows is not None:
-        group.create_array("fabricated", data=np.ascontiguousarray(dp_rows), overwrite=True)
+        group.create_array(DP_ROWS, data=np.ascontiguousarray(dp_rows), overwrite=True)
     group.attrs.update({"deep": meta, "layers": scalars, "info": info})
     (where / _COMPLETE).write_json(info)
 

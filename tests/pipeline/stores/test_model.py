@@ -20,7 +20,14 @@ import zarr
 
 import kahm_dask.pipeline.stores.model as model_mod
 from kahm_dask.deep import DeepKAHM
-from kahm_dask.pipeline.stores.model import cached_cluster, cluster_dir, cluster_done, load_cluster, save_cluster
+from kahm_dask.pipeline.stores.model import (
+    cached_cluster,
+    cluster_dir,
+    cluster_done,
+    dp_rows_array,
+    load_cluster,
+    save_cluster,
+)
 
 RNG = np.random.default_rng(5)
 
@@ -157,3 +164,16 @@ def test_model_cache_evicts_the_least_recently_used_beyond_its_budget(tmp_path, 
     monkeypatch.setattr(model_mod, "model_cache_bytes", lambda: 1)
     cached_cluster(paths[1])
     assert [key[0] for key in model_mod._CACHE] == [str(paths[1])]
+
+
+def test_dp_rows_are_found_under_their_name_and_under_the_name_of_older_stores(tmp_path, model):
+    rows = RNG.random((40, 4))
+    save_cluster(tmp_path / "m.zarr", 0, 0, model, {"n_rows": 40}, rows)
+    save_cluster(tmp_path / "m.zarr", 0, 1, model, {"n_rows": 40})
+    group = zarr.open_group(str(cluster_dir(tmp_path / "m.zarr", 0, 0)), mode="r")
+    assert "dp_rows" in group and "fabricated" not in group
+    assert dp_rows_array(group)[...].tobytes() == rows.tobytes()
+    assert dp_rows_array(zarr.open_group(str(cluster_dir(tmp_path / "m.zarr", 0, 1)), mode="r")) is None
+    older = zarr.open_group(str(tmp_path / "older.zarr"), mode="w", zarr_format=3)
+    older.create_array("fabricated", data=rows)  # the name before the noisy rows became the default
+    assert dp_rows_array(older)[...].tobytes() == rows.tobytes()

@@ -96,7 +96,7 @@ def test_post_processed_settings_never_use_r_or_clusters_of_the_original_rows(
     assert all(set(entry) == {"class", "cluster", "n_rows"} for entry in manifest["clusters"])
     assert manifest["parameters"]["cluster_on"] == "noisy" and manifest["seed"] == 9  # k-means only: public
     for d in (model / "clusters").iterdir():
-        assert set(os.listdir(d)) <= {"zarr.json", "_COMPLETE.json", "fabricated"} | {f"layer{k}" for k in range(2)}
+        assert set(os.listdir(d)) <= {"zarr.json", "_COMPLETE.json", "dp_rows"} | {f"layer{k}" for k in range(2)}
         info = json.loads((d / "_COMPLETE.json").read_text())
         assert set(info) == {"class", "cluster", "n_rows", "passes", "layer_dims"}
 

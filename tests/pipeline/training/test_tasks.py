@@ -40,7 +40,7 @@ def test_pipeline_task_builds_the_same_cluster_as_the_classifier(fitted, name, t
     _assert_same_deep(load_cluster(cluster_dir(model, 1, 1)), clf.models_[1].branches_[1])
     stored = zarr.open_group(str(cluster_dir(model, 1, 1)), mode="r")
     if params.private:
-        assert stored["fabricated"][:].tobytes() == clf.dp_data_[1][branch].tobytes()
+        assert stored["dp_rows"][:].tobytes() == clf.dp_data_[1][branch].tobytes()
     else:
-        assert "fabricated" not in stored
+        assert "dp_rows" not in stored
     assert ("passes" in info) == (params.r_source != "private" or not params.private)

@@ -69,7 +69,7 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
     np.testing.assert_allclose(group[DISTANCES][:], clf.class_distances(digits.X_test), rtol=1e-10, atol=1e-12)
     if epsilon is not None:  # the same DP rows, cluster by cluster
         first = cluster_dir(tmp_path / "m.zarr", 0, 0)
-        fab = zarr.open_group(str(first), mode="r")["fabricated"][:]
+        fab = zarr.open_group(str(first), mode="r")["dp_rows"][:]
         rows0 = digits.y_train == clf.classes_[0]
         np.testing.assert_allclose(fab, clf.dp_data_[clf.classes_[0]][labels[rows0] == 0], rtol=1e-10, atol=1e-12)
 
