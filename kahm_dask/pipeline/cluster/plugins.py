@@ -8,7 +8,7 @@ import importlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -72,7 +72,9 @@ TRIM_INTERVAL_MS = 200
 MIN_MEMORY_LIMIT = 4 * 2**30
 
 
+@cache
 def _libc() -> Any | None:
+    """glibc, loaded once (None elsewhere): the periodic check calls into it every 200 ms."""
     try:
         import ctypes
 

@@ -238,9 +238,9 @@ def cached_cluster(path: LocationLike, storage_options: Options = None) -> DeepK
     model = load_cluster(path)
     with _CACHE_LOCK:
         _CACHE[key] = model
-        budget = model_cache_bytes()
-        while len(_CACHE) > 1 and sum(_model_bytes(m) for m in _CACHE.values()) > budget:
-            _CACHE.popitem(last=False)
+        budget, held = model_cache_bytes(), sum(_model_bytes(m) for m in _CACHE.values())
+        while len(_CACHE) > 1 and held > budget:
+            held -= _model_bytes(_CACHE.popitem(last=False)[1])
     return model
 
 
