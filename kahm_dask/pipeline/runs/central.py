@@ -53,7 +53,7 @@ from kahm_dask.pipeline.runs.layout import RunPaths, run_paths
 from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.manifest import read_manifest
-from kahm_dask.pipeline.stores.model import dp_rows_array
+from kahm_dask.pipeline.stores.model import cluster_dir, dp_rows_array
 from kahm_dask.pipeline.training import TrainSettings
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC, FeatureBounds
 from kahm_dask.privacy.membership import (
@@ -271,7 +271,7 @@ def _dp_row_samples(model_path: Path, k: int = 4) -> dict:
         label = manifest["classes"][entry["class"]]
         if label in samples:
             continue
-        group = zarr.open_group(str(model_path / "clusters" / f"c{entry['class']}_s{entry['cluster']}"), mode="r")
+        group = zarr.open_group(str(cluster_dir(model_path, entry["class"], entry["cluster"])), mode="r")
         rows = dp_rows_array(group)
         if rows is None:
             return {}

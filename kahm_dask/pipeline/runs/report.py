@@ -21,10 +21,6 @@ from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["write_report", "write_privacy_statement", "ledger_markdown"]
 
-#: The plot of DP rows in the public folder.
-#: The privacy statement in the public folder.
-
-
 def _image_side(p: int) -> int | None:
     side = math.isqrt(p)
     return side if side * side == p and side >= 4 else None
