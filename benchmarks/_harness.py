@@ -225,18 +225,20 @@ def kahm_layers(clf) -> list:
     return [branch.layers_ for wide in clf.models_ for branch in wide.branches_]
 
 
+def layer_predict_flops(layer, m: int) -> float:
+    """Useful floating-point operations of one fitted KAHM layer on m query rows, counted as the
+    model's arithmetic (any implementation must do it): for N rows, n dimensions and p features,
+    ``m·(2N(n + p + 1)   # kernel distances and K_q·B
+    + 2p(n + 1)          # query codes
+    + 4p + 3N)``         # ratio, residual, norm; shift and exp."""
+    N, p, n = layer.n_samples_fit_, layer.n_features_in_, layer.n_components_
+    return m * (2.0 * N * (n + p + 1) + 2.0 * p * (n + 1) + 4.0 * p + 3.0 * N)
+
+
 def kahm_predict_flops(clf, m: int) -> float:
-    """Useful floating-point operations of ``class_distances`` on m rows, counted as the
-    model's arithmetic (any implementation must do it): per (class, branch, layer) of N rows,
-    n dimensions and p features, ``m·(2N(n + p + 1)   # kernel distances and K_q·B
-    + 2p(n + 1)                                     # query codes
-    + 4p + 3N)``                                    # ratio, residual, norm; shift and exp."""
-    total = 0.0
-    for layers in kahm_layers(clf):
-        for layer in layers:
-            N, p, n = layer.n_samples_fit_, layer.n_features_in_, layer.n_components_
-            total += m * (2.0 * N * (n + p + 1) + 2.0 * p * (n + 1) + 4.0 * p + 3.0 * N)
-    return total
+    """Useful floating-point operations of ``class_distances`` on m rows: the sum of
+    :func:`layer_predict_flops` over every (class, branch, layer)."""
+    return sum(layer_predict_flops(layer, m) for layers in kahm_layers(clf) for layer in layers)
 
 
 def kahm_storage_bytes(clf) -> int:

@@ -32,6 +32,7 @@ import zarr
 from benchmarks._harness import (
     CACHE,
     blas_threads,
+    layer_predict_flops,
     load_mnist,
     machine_facts,
     markdown_table,
@@ -95,17 +96,12 @@ def serial_compute(work: Path, params, settings_json: dict, settings) -> dict:
 
 
 def predict_flops(model_path: Path, m: int) -> float:
-    """Counted floating-point operations of the exhaustive prediction of m rows (per layer of N
-    rows, n dimensions, p features: m·(2N(n + p + 1) + 2p(n + 1) + 4p + 3N), as
-    ``benchmarks._harness.kahm_predict_flops``)."""
+    """Counted floating-point operations of the exhaustive prediction of m rows: the sum of
+    :func:`~benchmarks._harness.layer_predict_flops` over every stored cluster's layers."""
     from kahm_dask.pipeline.stores.model import load_cluster
 
-    total = 0.0
-    for path in sorted((model_path / "clusters").iterdir()):
-        for layer in load_cluster(path).layers_:
-            N, p, n = layer.n_samples_fit_, layer.n_features_in_, layer.n_components_
-            total += m * (2.0 * N * (n + p + 1) + 2.0 * p * (n + 1) + 4.0 * p + 3.0 * N)
-    return total
+    return sum(layer_predict_flops(layer, m) for path in sorted((model_path / "clusters").iterdir())
+               for layer in load_cluster(path).layers_)
 
 
 def _stage_windows(stage_seconds: dict, fit_start: float) -> list[tuple[str, float, float]]:
