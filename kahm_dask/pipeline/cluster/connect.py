@@ -104,7 +104,9 @@ def connect(
     dashboard link is logged at INFO and is ``client.dashboard_link``. BLAS runs one thread
     per Dask thread (module docstring). With ``tls`` settings (``cluster_cfg.tls`` or the config
     file's), the client connects to the ``tls://`` scheduler with mutual TLS, or the local
-    cluster runs mutual TLS on loopback (:mod:`kahm_dask.pipeline.cluster.security`).
+    cluster runs mutual TLS on loopback (:mod:`kahm_dask.pipeline.cluster.security`). A
+    Ctrl-C (``KeyboardInterrupt``) in the block closes a cluster started here with its logging
+    off, and is raised again.
     """
     if worker_resources is not None and (cluster_cfg.scheduler or cluster_cfg.config):
         raise ValueError("worker_resources apply to a local cluster started from "
@@ -128,4 +130,20 @@ def connect(
             client.register_plugin(ReusedHeap())
             client.register_plugin(IgnoreInterrupts())
         logger.info("Dask dashboard: %s", client.dashboard_link)
-        yield client
+        try:
+            yield client
+        except KeyboardInterrupt:
+            with logging_off():  # the cluster's closing after Ctrl-C is not news (IgnoreInterrupts)
+                stack.close()
+            raise
+
+
+@contextmanager
+def logging_off() -> Iterator[None]:
+    """All logging of this process off in the block; the previous setting back afterwards."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)

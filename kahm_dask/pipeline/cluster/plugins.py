@@ -146,11 +146,14 @@ def _release_above(worker: Any, threshold: int) -> None:
 
 
 class IgnoreInterrupts(WorkerPlugin):
-    """Worker plugin for the worker processes of a local cluster: they ignore SIGINT.
+    """Worker plugin for the worker processes of a local cluster: they leave Ctrl-C to the client.
 
-    Ctrl-C in a terminal reaches every process of its foreground group; without this plugin
-    each worker process would print its own traceback. The client process alone handles it (one
-    line), and closing the cluster stops the workers.
+    Ctrl-C in a terminal reaches every process of its foreground group. Without this plugin
+    each worker process would print its own traceback. With it, SIGINT raises nothing in a
+    worker; it turns the worker's logging off (:func:`quiet_after_interrupt`). The client
+    process alone handles the interrupt (one line) and closes the cluster, and the log lines
+    that closing causes (heartbeats to a scheduler that is gone, tasks cancelled) stay off the
+    console.
     """
 
     name = "kahm-dask-ignore-interrupts"
@@ -160,7 +163,13 @@ class IgnoreInterrupts(WorkerPlugin):
         import threading
 
         if threading.current_thread() is threading.main_thread():  # signals are set there only
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, quiet_after_interrupt)
+
+
+def quiet_after_interrupt(signum: int, frame: Any) -> None:
+    """SIGINT handler of a local worker process: no KeyboardInterrupt; logging off for good,
+    as the client is closing the cluster (:class:`IgnoreInterrupts`)."""
+    logging.disable(logging.CRITICAL)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 import dask
 import pytest
 from distributed import Client
+from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from kahm_dask.pipeline.cluster import (
@@ -214,6 +215,61 @@ def test_cluster_and_client_close_on_exception():
             raise RuntimeError("boom")
     assert client.status == "closed"
     assert cluster.status.name == "closed"
+
+
+def _logging_disabled_at() -> int:
+    """Runs on a worker: the level at and below which its process logs nothing (0: logging on)."""
+    return logging.root.manager.disable
+
+
+def test_a_local_worker_process_survives_ctrl_c_with_its_logging_off():
+    # Ctrl-C reaches the worker processes too. A worker must neither raise (a traceback each)
+    # nor log the cluster's closing that follows (a heartbeat to the closed scheduler printed
+    # an ERROR traceback on CI): logging off until the process ends.
+    import signal
+
+    with connect(ClusterConfig(n_workers=1, processes=True)) as client:
+        (pid,) = client.run(os.getpid).values()
+        assert list(client.run(_logging_disabled_at).values()) == [0]  # the control: on before
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while client.run(_logging_disabled_at)[next(iter(client.scheduler_info()["workers"]))] != logging.CRITICAL:
+            assert time.monotonic() < deadline, "the worker's logging is still on after SIGINT"
+            time.sleep(0.05)
+        assert client.submit(sum, [1, 2], pure=False).result() == 3  # the worker still works
+        assert list(client.run(os.getpid).values()) == [pid]
+
+
+#: Logging levels disabled when an in-process worker closed, as _LoggingAtTeardown saw them.
+_AT_TEARDOWN: list[int] = []
+
+
+class _LoggingAtTeardown(WorkerPlugin):
+    """Records the logging level disabled when the worker closes, in ``_AT_TEARDOWN`` (the
+    plugin reaches the worker as a copy, so a module global, not an attribute)."""
+
+    def teardown(self, worker) -> None:
+        _AT_TEARDOWN.append(logging.root.manager.disable)
+
+
+def test_ctrl_c_closes_the_cluster_with_logging_off_and_is_raised_again():
+    _AT_TEARDOWN.clear()
+    with pytest.raises(KeyboardInterrupt):
+        with connect(ClusterConfig(n_workers=1, processes=False)) as client:
+            client.register_plugin(_LoggingAtTeardown())
+            raise KeyboardInterrupt
+    assert client.status == "closed"
+    assert _AT_TEARDOWN == [logging.CRITICAL]  # the cluster closed quietly
+    assert logging.root.manager.disable == 0  # and this process logs again
+
+
+def test_another_error_closes_the_cluster_with_logging_on():
+    _AT_TEARDOWN.clear()  # the control of the test above
+    with pytest.raises(RuntimeError):
+        with connect(ClusterConfig(n_workers=1, processes=False)) as client:
+            client.register_plugin(_LoggingAtTeardown())
+            raise RuntimeError("boom")
+    assert _AT_TEARDOWN == [0]
 
 
 def test_connect_builds_from_a_cluster_config_file(tmp_path):
