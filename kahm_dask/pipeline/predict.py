@@ -9,10 +9,9 @@ classes run blockwise too. Distances and predictions are written back to Zarr.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 import zarr
@@ -22,8 +21,9 @@ from kahm_dask._validation import check_finite_rows
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
+from kahm_dask.pipeline.placement import homes_kept, model_homes, placed, worker_addresses
 from kahm_dask.pipeline.stores.manifest import read_manifest
-from kahm_dask.pipeline.stores.model import cached_cluster, cluster_centre, cluster_location
+from kahm_dask.pipeline.stores.model import cached_centre, cached_cluster, cluster_location
 from kahm_dask.routing import routed_minimum
 from kahm_dask.storage.location import Location, LocationLike, as_location, committed_directory
 
@@ -35,16 +35,22 @@ DISTANCES = "class_distances"
 
 def _cluster_block(x: np.ndarray, path: Location, eval_dtype: str = "float64") -> np.ndarray:
     """Γ (m,) of the rows of one block (m, p) under one cluster's DeepKAHM (Definition 4), with
-    its kernel blocks in ``eval_dtype`` (docs/algorithm.md#evaluation-precision).
+    its kernel blocks in ``eval_dtype`` (docs/algorithm.md#evaluation-precision), one BLAS
+    thread (:func:`_cluster_distances`)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _cluster_distances(x, path, eval_dtype)
+
+
+def _cluster_distances(x: np.ndarray, path: Location, eval_dtype: str) -> np.ndarray:
+    """Γ (m,) of the rows ``x`` (m, p) under the cluster model at ``path`` (its cached copy).
 
     Evaluated in sub-blocks of query rows with all layers per sub-block while it is in cache,
     without keeping the layer images, so the temporaries stay O(sub-block · (N_b + p))
     whatever the Zarr chunk size; bit-identical to ``DeepKAHM._distance_rows`` in the same
-    precision.
+    precision. The caller limits BLAS (once per task: a limit costs about 1 ms).
     """
-    with threadpool_limits(limits=1, user_api="blas"):
-        rows = np.ascontiguousarray(x, dtype=np.float64)
-        return cached_cluster(path)._distance_rows(rows, dtype=eval_dtype)[0]
+    rows = np.ascontiguousarray(x, dtype=np.float64)
+    return cached_cluster(path)._distance_rows(rows, dtype=eval_dtype)[0]
 
 
 def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
@@ -54,21 +60,47 @@ def _finite_block(x: np.ndarray, block_info=None) -> np.ndarray:
 
 
 def _cluster_centres(paths: list[Location]) -> np.ndarray:
-    """Routing centres (S, p) of the clusters at ``paths`` (run in a task: the client never
-    reads the model store)."""
-    return np.stack([cluster_centre(path) for path in paths])
+    """Routing centres (S, p) of the clusters at ``paths``, from this worker's cache (run in a
+    task: the client never reads the model store)."""
+    return np.stack([cached_centre(path) for path in paths])
 
 
 def _routed_class_block(
-    x: np.ndarray, centres: np.ndarray, paths: list[Location], n_probe: int, eval_dtype: str = "float64"
+    x: np.ndarray, paths: list[Location], n_probe: int, eval_dtype: str = "float64",
+    here: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """``min`` over the ``n_probe`` clusters of nearest centre (of one class's clusters at
-    ``paths``, centres (S, p)) of Γ (m,) for the rows of ``x`` (m, p): each cluster is evaluated on
+    ``paths``, their centres from :func:`_cluster_centres`) of Γ (m,) for the rows of ``x``
+    (m, p): each cluster is evaluated on
     the rows that probe it (:func:`_cluster_block` in ``eval_dtype``; the rule of
     :func:`~kahm_dask.routing.routed_minimum`, as in the estimator), and a cluster no row probes
-    is not loaded. One task per (class, row chunk), so the graph does not grow with the clusters."""
+    is not loaded. One task per (class, row chunk), so the graph does not grow with the clusters.
+
+    ``here``: only the clusters of these indices are evaluated (those whose home is the worker
+    this task is placed on, :mod:`kahm_dask.pipeline.placement`); a probe of another cluster
+    counts as Γ = inf, and a row none of whose probes is here gets inf. The minimum over the
+    tasks of a class's homes is the routed minimum of all its clusters, value for value.
+    """
+    def distance(s: int, rows: np.ndarray) -> np.ndarray:
+        if here is not None and s not in here:
+            return np.full(rows.shape[0], np.inf)
+        return _cluster_distances(rows, paths[s], eval_dtype)
+
     with threadpool_limits(limits=1, user_api="blas"):
-        return routed_minimum(x, centres, n_probe, lambda s, rows: _cluster_block(rows, paths[s], eval_dtype))[0]
+        return routed_minimum(x, _cluster_centres(paths), n_probe, distance)[0]
+
+
+def _minimum_of(columns: list[da.Array]) -> da.Array:
+    """The elementwise minimum (m,) of (m,) arrays of the same chunks: one task per row chunk
+    taking every array's block, so that no array's tasks are fused into it (they keep their
+    homes, :mod:`kahm_dask.pipeline.placement`)."""
+    if len(columns) == 1:
+        return columns[0]
+    return da.map_blocks(_elementwise_minimum, *columns, dtype=np.float64, meta=np.empty((0,)))
+
+
+def _elementwise_minimum(*blocks: np.ndarray) -> np.ndarray:
+    return np.minimum.reduce(blocks)
 
 
 def class_distance_array(
@@ -78,6 +110,7 @@ def class_distance_array(
     n_probe: int | None = None,
     eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
+    workers: Sequence[str] | None = None,
 ) -> da.Array:
     """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p).
 
@@ -88,6 +121,13 @@ def class_distance_array(
     class's clusters evaluates all of them (one distance block per cluster). ``eval_dtype``: the
     precision of the kernel blocks in the tasks, "float64" or "float32"
     (docs/algorithm.md#evaluation-precision); the distances are float64 either way.
+
+    ``workers``: the addresses of the Dask workers that will compute the array. Each cluster
+    model then has a home among them (:func:`~kahm_dask.pipeline.placement.model_homes`, by
+    rows) and its distance tasks prefer it, so each model is loaded by one worker and stays in
+    its cache; a routed class gets one task per home of its clusters and row chunk, reduced by a
+    minimum. None: the scheduler places every task (each worker may load every model). The
+    values are the same either way.
     """
     check_eval_dtype(eval_dtype, "class_distance_array")
     model_path = as_location(model_path, storage_options)
@@ -97,21 +137,33 @@ def class_distance_array(
             f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
         )
     X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
+    entries = sorted(manifest["clusters"], key=lambda e: (e["class"], e["cluster"]))
+    homes = model_homes([e["n_rows"] for e in entries], list(workers)) if workers else [None] * len(entries)
     paths: dict[int, list[Location]] = {}
-    for entry in manifest["clusters"]:
+    home_of: dict[int, list[str | None]] = {}
+    for entry, home in zip(entries, homes, strict=True):
         paths.setdefault(entry["class"], []).append(cluster_location(model_path, entry["class"], entry["cluster"]))
+        home_of.setdefault(entry["class"], []).append(home)
     columns = []
     for c, class_paths in sorted(paths.items()):
         if n_probe is not None and n_probe < len(class_paths):
-            centres = dask.delayed(_cluster_centres, pure=True)(class_paths)
-            columns.append(X.map_blocks(_routed_class_block, centres, class_paths, n_probe, eval_dtype,
-                                        drop_axis=1, dtype=np.float64, meta=np.empty((0,)), token=f"kahm-routed-c{c}"))
+            parts = []
+            for home in sorted(set(home_of[c]), key=str):
+                here = None if home is None else tuple(s for s, h in enumerate(home_of[c]) if h == home)
+                with placed(home):
+                    parts.append(X.map_blocks(_routed_class_block, class_paths, n_probe, eval_dtype, here,
+                                              drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+                                              token=f"kahm-routed-c{c}"))
+            columns.append(_minimum_of(parts))
             continue
         # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
         # loads every cluster model in the client while the graph is built
-        blocks = [X.map_blocks(_cluster_block, path, eval_dtype, drop_axis=1, dtype=np.float64,
-                               meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}") for s, path in enumerate(class_paths)]
-        columns.append(blocks[0] if len(blocks) == 1 else da.stack(blocks, axis=0).min(axis=0))
+        blocks = []
+        for s, (path, home) in enumerate(zip(class_paths, home_of[c], strict=True)):
+            with placed(home):
+                blocks.append(X.map_blocks(_cluster_block, path, eval_dtype, drop_axis=1, dtype=np.float64,
+                                           meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}"))
+        columns.append(_minimum_of(blocks))
     # one chunk across classes, so every Zarr chunk is written by exactly one task
     return da.stack(columns, axis=1).rechunk({1: -1})
 
@@ -161,13 +213,15 @@ def predict_to_store(
     model_path = as_location(model_path, storage_options)
     out = as_location(out_path, storage_options)
     check_prediction_target(out)
-    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype)
+    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype,
+                             workers=worker_addresses(client))
     codes = D.argmin(axis=1).astype(np.int64)
     with committed_directory(out) as tmp:
         group = zarr.open_group(tmp.zarr_store(), mode="w", zarr_format=3)
         d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
         p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
-        compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress,
-                label=f"predict {D.shape[0]} rows")
+        with homes_kept():
+            compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress,
+                    label=f"predict {D.shape[0]} rows")
         group.attrs.update({"classes": read_manifest(model_path)["classes"], PREDICTION_MARK: True})
     return zarr.open_group(out.zarr_store(read_only=True), mode="r", zarr_format=3)

@@ -49,6 +49,7 @@ from kahm_dask.pipeline.estimator.stores import (
     params_from_manifest,
     store_root,
 )
+from kahm_dask.pipeline.placement import homes_kept, worker_addresses
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
@@ -389,13 +390,21 @@ persist_fraction : the partition's
         return da.from_array(X, chunks=(rows, -1), name=f"kahm-queries-{uuid.uuid4().hex}"), False
 
     def _result(self, job: da.Array, lazy: bool) -> da.Array | np.ndarray:
-        """``job`` itself for lazy input (the caller computes it), else computed on :attr:`client`."""
-        return job if lazy else compute_on(job, self.__dict__.get("_client"))
+        """``job`` itself for lazy input (the caller computes it), else computed on :attr:`client`
+        with each cluster model evaluated on its home worker (:mod:`kahm_dask.pipeline.placement`)."""
+        if lazy:
+            return job
+        with homes_kept():
+            return compute_on(job, self.__dict__.get("_client"))
 
     def _lazy_distances(self, X) -> tuple[da.Array, bool]:
+        """The lazy class distances of X, its models placed on the workers of :attr:`client`
+        (placement kept when :meth:`_result` computes them; a caller computing a lazy result
+        keeps it under :func:`~kahm_dask.pipeline.placement.homes_kept`)."""
         X, lazy = self._queries(X)
         return class_distance_array(self.model_path_, X, n_probe=self.n_probe, eval_dtype=self.eval_dtype,
-                                    storage_options=self.storage_options), lazy
+                                    storage_options=self.storage_options,
+                                    workers=worker_addresses(self.client)), lazy
 
     def class_distances(self, X) -> da.Array | np.ndarray:
         """Per-class distances ``Γ_{W_c}(x)`` (eq. 64; docs/algorithm.md#wide-kahm) → (m, C).

@@ -166,6 +166,42 @@ def test_model_cache_evicts_the_least_recently_used_beyond_its_budget(tmp_path, 
     assert [key[0] for key in model_mod._CACHE] == [str(paths[1])]
 
 
+def test_cached_centre_is_the_stored_centre_read_once_and_renewed_by_a_retrained_cluster(tmp_path, model,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(model_mod, "_CACHE", type(model_mod._CACHE)())
+    monkeypatch.setattr(model_mod, "_CENTRES", type(model_mod._CENTRES)())
+    path = save_cluster(tmp_path, 0, 0, model, {"n_rows": 40})
+    reads = []
+    real = model_mod.cluster_centre
+    monkeypatch.setattr(model_mod, "cluster_centre", lambda p: reads.append(p) or real(p))
+    centre = model_mod.cached_centre(path)
+    assert np.array_equal(centre, model.layers_[0].mean_) and np.array_equal(centre, real(path))
+    assert np.array_equal(model_mod.cached_centre(path), centre) and len(reads) == 1  # read once
+    other = DeepKAHM(3, 2).fit(RNG.random((40, 4)) + 5.0)
+    shutil.rmtree(path)
+    save_cluster(tmp_path, 0, 0, other, {"n_rows": 40})  # retrained at the same path: a new marker
+    assert np.array_equal(model_mod.cached_centre(path), other.layers_[0].mean_) and len(reads) == 2
+
+
+def test_cached_centre_comes_from_a_cached_model_without_a_read(tmp_path, model, monkeypatch):
+    monkeypatch.setattr(model_mod, "_CACHE", type(model_mod._CACHE)())
+    monkeypatch.setattr(model_mod, "_CENTRES", type(model_mod._CENTRES)())
+    path = save_cluster(tmp_path, 0, 0, model, {"n_rows": 40})
+    cached_cluster(path)
+    monkeypatch.setattr(model_mod, "cluster_centre", lambda p: pytest.fail("read from the store"))
+    assert np.array_equal(model_mod.cached_centre(path), model.layers_[0].mean_)
+
+
+def test_centre_cache_keeps_its_share_of_the_budget(tmp_path, model, monkeypatch):
+    monkeypatch.setattr(model_mod, "_CENTRES", type(model_mod._CENTRES)())
+    monkeypatch.setattr(model_mod, "model_cache_bytes", lambda: 2 * model.layers_[0].mean_.nbytes
+                        / model_mod.CENTRE_CACHE_SHARE)
+    paths = [save_cluster(tmp_path, 0, s, model, {"n_rows": 40}) for s in range(3)]
+    for path in paths:
+        model_mod.cached_centre(path)
+    assert [key[0] for key in model_mod._CENTRES] == [str(paths[1]), str(paths[2])]
+
+
 def test_dp_rows_are_found_under_their_name_and_under_the_name_of_older_stores(tmp_path, model):
     rows = RNG.random((40, 4))
     save_cluster(tmp_path / "m.zarr", 0, 0, model, {"n_rows": 40}, rows)

@@ -1,0 +1,70 @@
+"""Where each cluster model is evaluated: one home worker per model, so that a prediction loads
+each model once, on one worker, and keeps it there (in that worker's model cache) for every
+query block and every later prediction on the same workers.
+
+Without a home, the scheduler places a cluster's distance task wherever its query block is, so
+every worker loads every model (120 loads for MNIST's 60 clusters on 2 workers), and the loads
+grow with the clusters times the workers. The homes split the models' rows evenly: a model's
+load and its distance blocks both cost in proportion to its rows N_b (its arrays are
+N_b × (p + 1) per layer; a block is O(m · N_b · (n + p))). The placement is a preference
+(``allow_other_workers``): a task whose home worker is gone runs elsewhere.
+
+Dask's graph optimisation fuses blockwise layers and, by default, intersects their worker
+annotations, and its low-level fusion renames the tasks of linear chains, which drops their
+annotations: either way a cluster's distance task merged into the per-class minimum loses its
+home. A graph is therefore computed under :func:`homes_kept`: layers of different annotations
+stay apart, and linear chains are not fused (a prediction has few: the per-class minimum takes
+all of a class's blocks in one task).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import dask
+
+__all__ = ["model_homes", "placed", "homes_kept", "worker_addresses"]
+
+
+def model_homes(rows: Sequence[int], workers: Sequence[str]) -> list[str]:
+    """The home worker of each model: ``rows[i]`` is model i's training rows.
+
+    Largest first, each onto the worker with the fewest rows so far (the LPT rule: the most
+    loaded worker gets at most 4/3 of the best possible share); ties by model order, then by
+    the order of ``workers``. Deterministic for the same inputs.
+
+    >>> model_homes([500, 400, 300, 300], ["w0", "w1"])
+    ['w0', 'w1', 'w1', 'w0']
+    """
+    if not workers:
+        raise ValueError("model_homes needs at least one worker.")
+    heap = [(0, w) for w in range(len(workers))]  # (rows so far, worker index)
+    homes = [""] * len(rows)
+    for i in sorted(range(len(rows)), key=lambda i: (-rows[i], i)):
+        held, w = heapq.heappop(heap)
+        homes[i] = workers[w]
+        heapq.heappush(heap, (held + int(rows[i]), w))
+    return homes
+
+
+def placed(worker: str | None) -> Any:
+    """Context in which dask collections built get ``worker`` as their preferred place
+    (a Dask annotation; no effect on the local schedulers, none for ``worker=None``)."""
+    return nullcontext() if worker is None else dask.annotate(workers=[worker], allow_other_workers=True)
+
+
+def homes_kept() -> Any:
+    """Context for computing a graph built with :func:`placed`: its annotated tasks are not
+    fused with others (module docstring)."""
+    return dask.config.set({"optimization.annotations.fuse": False, "optimization.fuse.active": False})
+
+
+def worker_addresses(client: Any) -> list[str] | None:
+    """The addresses of ``client``'s workers, sorted (None without a client or workers)."""
+    if client is None:
+        return None
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    return workers or None

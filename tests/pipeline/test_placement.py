@@ -1,0 +1,112 @@
+"""Model placement (kahm_dask/pipeline/placement.py): each cluster model has one home worker,
+chosen by its rows, and a prediction on a client evaluates each model on its home only.
+
+* the homes: every model gets one of the given workers, deterministically; the loads obey
+  the list-scheduling bound (max ≤ total / W + largest); equal models split evenly;
+* the graph: every distance task of a model prefers its home (a loose restriction);
+* on 2 worker processes (work stealing off, so that the scheduler follows the preference
+  alone): each model is loaded by its home worker only, exhaustive and routed, with the same
+  distances as without a client; the control: without homes both workers load the models.
+"""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from kahm_dask.datasets import make_class_blobs
+from kahm_dask.pipeline.cluster import connect
+from kahm_dask.pipeline.config import ClusterConfig
+from kahm_dask.pipeline.placement import model_homes
+from kahm_dask.pipeline.predict import DISTANCES, class_distance_array, predict_to_store
+from kahm_dask.pipeline.stores.dataset import write_dataset
+from kahm_dask.pipeline.stores.manifest import read_manifest
+from kahm_dask.pipeline.stores.model import cluster_location
+from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+from kahm_dask.recipe import TrainParams
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_homes_obey_the_list_scheduling_bound(seed):
+    rows = np.random.default_rng(seed).integers(1, 1000, size=37).tolist()
+    workers = [f"w{i}" for i in range(4)]
+    homes = model_homes(rows, workers)
+    assert set(homes) <= set(workers) and len(homes) == len(rows)
+    load = {w: sum(r for r, h in zip(rows, homes, strict=True) if h == w) for w in workers}
+    assert max(load.values()) <= sum(rows) / len(workers) + max(rows)
+    assert homes == model_homes(rows, workers)  # deterministic
+
+
+def test_equal_models_split_evenly_and_one_worker_takes_all():
+    homes = model_homes([100] * 7, ["a", "b", "c"])
+    assert sorted(homes.count(w) for w in "abc") == [2, 2, 3]
+    assert model_homes([5, 3], ["only"]) == ["only", "only"]
+    with pytest.raises(ValueError, match="at least one worker"):
+        model_homes([5], [])
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A model store of 3 classes × several clusters (N_b = 300), and 800 query rows."""
+    tmp = tmp_path_factory.mktemp("placement")
+    X, y = make_class_blobs(3300, 8, 3, random_state=0)
+    store = write_dataset(tmp / "t.zarr", X[:2500], y[:2500], chunk_rows=500)
+    train_pipeline(store, tmp / "m.zarr", tmp / "w", TrainSettings(TrainParams(5, 1), seed=1, block_size=300),
+                   progress=False)
+    return tmp, X[2500:]
+
+
+def test_every_distance_task_prefers_its_models_home(model):
+    tmp, Q = model
+    entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
+    workers = ["tcp://w0:1", "tcp://w1:1"]
+    homes = {(e["class"], e["cluster"]): h for e, h in zip(entries, model_homes([e["n_rows"] for e in entries],
+                                                                               workers), strict=True)}
+    D = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), workers=workers)
+    seen = {}
+    for name, layer in D.__dask_graph__().layers.items():
+        if name.startswith("kahm-dist-"):
+            c, s = (int(part[1:]) for part in name.split("-")[2:4])
+            seen[(c, s)] = layer.annotations
+    assert seen == {key: {"workers": [home], "allow_other_workers": True} for key, home in homes.items()}
+
+
+def _cached_models() -> set[str]:
+    """Runs on a worker: the cluster paths in its model cache."""
+    from kahm_dask.pipeline.stores import model as store
+
+    return {key[0] for key in store._CACHE}
+
+
+def test_each_model_is_loaded_by_its_home_worker_only(model):
+    tmp, Q = model
+    reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200)).compute(scheduler="sync")
+    routed_reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=1).compute(
+        scheduler="sync")
+    entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
+    paths = [str(cluster_location(tmp / "m.zarr", e["class"], e["cluster"])) for e in entries]
+    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+        with connect(ClusterConfig(n_workers=2, processes=True)) as client:
+            client.wait_for_workers(2)
+            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            expected = {w: {p for p, h in zip(paths, model_homes([e["n_rows"] for e in entries], workers),
+                                               strict=True) if h == w} for w in workers}
+            for n_probe, ref in ((None, reference), (1, routed_reference)):
+                group = predict_to_store(tmp / "m.zarr", da.from_array(Q, chunks=200), tmp / "p.zarr", client,
+                                         n_probe=n_probe)
+                assert group[DISTANCES][...].tobytes() == ref.tobytes()
+                assert client.run(_cached_models) == expected
+
+
+def test_without_homes_the_workers_load_the_same_models(model):
+    # the control of the test above: the scheduler alone sends every row block's tasks where
+    # the block is, and each worker holds row blocks
+    tmp, Q = model
+    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+        with connect(ClusterConfig(n_workers=2, processes=True)) as client:
+            client.wait_for_workers(2)
+            client.compute(class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200))).result()
+            first, second = client.run(_cached_models).values()
+    assert first & second
