@@ -71,10 +71,10 @@ def _routed_class_block(
 ) -> np.ndarray:
     """``min`` over the ``n_probe`` clusters of nearest centre (of one class's clusters at
     ``paths``, their centres from :func:`_cluster_centres`) of Γ (m,) for the rows of ``x``
-    (m, p): each cluster is evaluated on
-    the rows that probe it (:func:`_cluster_block` in ``eval_dtype``; the rule of
-    :func:`~kahm_dask.routing.routed_minimum`, as in the estimator), and a cluster no row probes
-    is not loaded. One task per (class, row chunk), so the graph does not grow with the clusters.
+    (m, p): each cluster is evaluated on the rows that probe it (:func:`_cluster_distances` in
+    ``eval_dtype``; the rule of :func:`~kahm_dask.routing.routed_minimum`, as in the estimator),
+    and a cluster no row probes is not loaded. One task per (class, home, row chunk), so the
+    graph grows with the workers, not with the clusters.
 
     ``here``: only the clusters of these indices are evaluated (those whose home is the worker
     this task is placed on, :mod:`kahm_dask.pipeline.placement`); a probe of another cluster

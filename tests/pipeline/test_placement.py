@@ -6,7 +6,8 @@ chosen by its rows, and a prediction on a client evaluates each model on its hom
 * the graph: every distance task of a model prefers its home (a loose restriction);
 * on 2 worker processes (work stealing off, so that the scheduler follows the preference
   alone): each model is loaded by its home worker only, exhaustive and routed, with the same
-  distances as without a client; the control: without homes both workers load the models.
+  distances as without a client (also for a lazy result computed under Dask's default fusion);
+  the control: without homes both workers load the models.
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ def test_each_model_is_loaded_by_its_home_worker_only(model):
                                          n_probe=n_probe)
                 assert group[DISTANCES][...].tobytes() == ref.tobytes()
                 assert client.run(_cached_models) == expected
+            for n_probe, ref in ((None, reference), (1, routed_reference)):
+                # a lazy result computed under Dask's defaults (fusion on: the homes may go) is the same
+                lazy = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe,
+                                            workers=workers)
+                assert client.compute(lazy).result().tobytes() == ref.tobytes()
 
 
 def test_without_homes_the_workers_load_the_same_models(model):
