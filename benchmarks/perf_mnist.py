@@ -100,45 +100,41 @@ def run_memory(X, y, Xt, yt, args, *, threads: int | None, **kw) -> dict:
 
 def run_dask(X, y, Xt, yt, args) -> dict:
     """The pipeline (train_pipeline + predict_to_store) on a LocalCluster of 2 single-threaded
-    worker processes, started the same way for either code."""
-    from distributed import Client, LocalCluster
-
+    worker processes started by ``connect``, as the CLI starts it (its worker plugins: one BLAS
+    thread, ReusedHeap, Ctrl-C), for either code."""
+    from kahm_dask.pipeline.cluster import connect
+    from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.predict import PREDICTIONS, predict_to_store
     from kahm_dask.pipeline.stores.dataset import write_dataset
     from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 
     try:
         from kahm_dask.recipe import TrainParams
-    except ImportError:  # the baseline checkout
+    except ImportError:  # an older baseline checkout
         from kahm_dask.pipeline.training.tasks import TrainParams
-    one = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     with tempfile.TemporaryDirectory(prefix="kahm-perf-") as tmp:
         tmp = Path(tmp)
         train = write_dataset(tmp / "train.zarr", X, y)
         test = write_dataset(tmp / "test.zarr", Xt, yt)
         settings = TrainSettings(TrainParams(20, args.layers), seed=0, block_size=1000)
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, env=one,
-                          silence_logs=40, dashboard_address=None) as cluster, Client(cluster) as client:
+        with connect(ClusterConfig(n_workers=2, threads_per_worker=1, processes=True)) as client:
             client.wait_for_workers(2)
-            try:  # the worker plugin connect() registers (absent in older checkouts)
-                from kahm_dask.pipeline.cluster import ReusedHeap
-            except ImportError:
-                pass
-            else:
-                client.register_plugin(ReusedHeap())
             fit_s, _ = timed(lambda: train_pipeline(train, tmp / "model.zarr", tmp / "work", settings, client,
                                                     progress=False))
             pred_s, group = timed(lambda: predict_to_store(tmp / "model.zarr", test.X(), tmp / "pred.zarr", client))
             classes = np.asarray(group.attrs["classes"])
             pred = classes[group[PREDICTIONS][...]]
-            out = {"fit_s": fit_s, "predict_s": pred_s, "accuracy": float(np.mean(pred.astype(np.int64) == yt))}
-            if "n_probe" in predict_to_store.__kwdefaults__:
-                routed_s, routed_group = timed(lambda: predict_to_store(
-                    tmp / "model.zarr", test.X(), tmp / "routed.zarr", client, n_probe=args.n_probe))
-                routed = classes[routed_group[PREDICTIONS][...]]
-                out.update(predict_routed_s=routed_s, accuracy_routed=float(np.mean(routed.astype(np.int64) == yt)),
-                           routed_agreement=float(np.mean(routed == pred)))
-    return out
+            routed_s, routed_group = timed(lambda: predict_to_store(
+                tmp / "model.zarr", test.X(), tmp / "routed.zarr", client, n_probe=args.n_probe))
+            again_s, _ = timed(lambda: predict_to_store(tmp / "model.zarr", test.X(), tmp / "again.zarr", client))
+            routed = classes[routed_group[PREDICTIONS][...]]
+            # where the workers' kahm_dask comes from; a builtin (pickled by name), since this
+            # module's functions resolve in the workers to the baseline's copy of the harness
+            workers_from = sorted(set(client.run(eval, "__import__('kahm_dask').__file__").values()))
+    return {"workers_kahm_dask_from": workers_from, "fit_s": fit_s, "predict_s": pred_s,
+            "accuracy": float(np.mean(pred.astype(np.int64) == yt)),
+            "predict_routed_s": routed_s, "accuracy_routed": float(np.mean(routed.astype(np.int64) == yt)),
+            "routed_agreement": float(np.mean(routed == pred)), "predict_again_s": again_s}
 
 
 def run_naive(X, y, Xt, yt, args) -> dict:
@@ -203,8 +199,12 @@ def _command(row: str, args, out: str) -> list[str]:
         return [sys.executable, "-m", "benchmarks.perf_mnist", *flags]
     if not args.baseline_root:
         raise SystemExit(f"row {row!r} needs --baseline-root (a checkout of the code to compare with)")
-    boot = (f"import sys; sys.path.insert(0, {str(Path(args.baseline_root).resolve())!r}); import kahm_dask; "
-            f"sys.path[0] = {str(ROOT)!r}; from benchmarks.perf_mnist import main; main(sys.argv[1:])")
+    # the baseline's kahm_dask first, this harness's benchmarks next; then only the baseline on the
+    # path (no cwd), so that the Dask worker processes, which inherit sys.path, import it too
+    base, root = str(Path(args.baseline_root).resolve()), str(ROOT)
+    boot = (f"import sys; sys.path.insert(0, {base!r}); import kahm_dask; sys.path.insert(0, {root!r}); "
+            f"from benchmarks.perf_mnist import main; sys.path[:] = [p for p in sys.path if p not in ({root!r}, '')]; "
+            f"main(sys.argv[1:])")
     return [sys.executable, "-c", boot, *flags]
 
 
@@ -214,12 +214,14 @@ def _table(results: dict, args) -> str:
         routed = "predict_routed_s" in r
         rows.append([
             LABELS[name], f"{r['fit_s']:.1f}", f"{r['predict_s']:.1f}",
-            f"{r['predict_routed_s']:.1f}" if routed else "—", r["n_test"], f"{r['accuracy']:.4f}",
+            f"{r['predict_routed_s']:.1f}" if routed else "—",
+            f"{r['predict_again_s']:.1f}" if "predict_again_s" in r else "—", r["n_test"], f"{r['accuracy']:.4f}",
             f"{r['accuracy_routed']:.4f} ({100 * r['routed_agreement']:.2f} %)" if routed else "—",
             f"{r['peak_rss_mib']:.0f}", f"{r['load_avg_before']:.1f}",
         ])
     return markdown_table(
-        ["implementation", "fit s", "predict s", f"predict s, n_probe={args.n_probe}", "test rows", "accuracy",
+        ["implementation", "fit s", "predict s", f"predict s, n_probe={args.n_probe}",
+         "predict s again (Dask: the models already loaded)", "test rows", "accuracy",
          "accuracy routed (same prediction)", "peak RSS MiB", "load avg before"], rows)
 
 
@@ -245,10 +247,15 @@ def _ratios(results: dict) -> str:
         if a in results and b in results:
             ra, rb = results[a], results[b]
             routed = f"{ra['predict_routed_s'] / rb['predict_s']:.2f}" if "predict_routed_s" in ra else "—"
+            both = "predict_routed_s" in ra and "predict_routed_s" in rb
+            routed_both = f"{ra['predict_routed_s'] / rb['predict_routed_s']:.2f}" if both else "—"
+            again = "predict_again_s" in ra and "predict_again_s" in rb
             rows.append([f"{a} / {b}", f"{ra['fit_s'] / rb['fit_s']:.2f}", f"{ra['predict_s'] / rb['predict_s']:.2f}",
-                         routed])
+                         routed, routed_both,
+                         f"{ra['predict_again_s'] / rb['predict_again_s']:.2f}" if again else "—"])
     return markdown_table(["rows", "fit time ratio", "predict time ratio (exhaustive)",
-                           "predict time ratio (routed / exhaustive baseline)"], rows)
+                           "predict time ratio (routed / exhaustive baseline)", "routed time ratio (routed / routed)",
+                           "predict-again time ratio"], rows)
 
 
 def main(argv=None) -> None:
