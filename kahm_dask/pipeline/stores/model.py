@@ -33,7 +33,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from json import JSONDecodeError
 from pathlib import Path
@@ -234,17 +234,10 @@ def cached_cluster(path: LocationLike, storage_options: Options = None) -> DeepK
     :func:`_cache_key` and held within :func:`model_cache_bytes` (least recently used out)."""
     path = as_location(path, storage_options)
     key = _cache_key(path)
-    with _CACHE_LOCK:
-        model = _CACHE.get(key)
-        if model is not None:
-            _CACHE.move_to_end(key)
-            return model
-    model = load_cluster(path)
-    with _CACHE_LOCK:
-        _CACHE[key] = model
-        budget, held = model_cache_bytes(), sum(_model_bytes(m) for m in _CACHE.values())
-        while len(_CACHE) > 1 and held > budget:
-            held -= _model_bytes(_CACHE.popitem(last=False)[1])
+    model = _recall(_CACHE, key)
+    if model is None:
+        model = load_cluster(path)
+        _remember(_CACHE, key, model, _model_bytes, model_cache_bytes())
     return model
 
 
@@ -258,19 +251,36 @@ def cached_centre(path: LocationLike, storage_options: Options = None) -> np.nda
     """
     path = as_location(path, storage_options)
     key = _cache_key(path)
-    with _CACHE_LOCK:
-        centre = _CENTRES.get(key)
-        if centre is not None:
-            _CENTRES.move_to_end(key)
-            return centre
-        model = _CACHE.get(key)
-    centre = model.layers_[0].mean_ if model is not None else cluster_centre(path)
-    with _CACHE_LOCK:
-        _CENTRES[key] = centre
-        budget = CENTRE_CACHE_SHARE * model_cache_bytes()
-        while len(_CENTRES) > 1 and len(_CENTRES) * centre.nbytes > budget:
-            _CENTRES.popitem(last=False)
+    centre = _recall(_CENTRES, key)
+    if centre is None:
+        with _CACHE_LOCK:
+            model = _CACHE.get(key)
+        centre = model.layers_[0].mean_ if model is not None else cluster_centre(path)
+        _remember(_CENTRES, key, centre, _nbytes, CENTRE_CACHE_SHARE * model_cache_bytes())
     return centre
+
+
+def _recall(cache: OrderedDict, key: tuple) -> Any:
+    """The value ``cache`` holds for ``key``, now its most recently used (None if absent)."""
+    with _CACHE_LOCK:
+        value = cache.get(key)
+        if value is not None:
+            cache.move_to_end(key)
+        return value
+
+
+def _remember(cache: OrderedDict, key: tuple, value: Any, size: Callable[[Any], int], budget: float) -> None:
+    """Put ``value`` in ``cache`` and drop the least recently used values while the cache holds
+    more than ``budget`` bytes (``size`` of each value), keeping at least one."""
+    with _CACHE_LOCK:
+        cache[key] = value
+        held = sum(size(v) for v in cache.values())
+        while len(cache) > 1 and held > budget:
+            held -= size(cache.popitem(last=False)[1])
+
+
+def _nbytes(array: np.ndarray) -> int:
+    return array.nbytes
 
 
 #: Share of a Dask worker's memory limit given to its model cache. A cluster model holds
