@@ -11,6 +11,7 @@ Layout (zarr v3, on the local filesystem or at a URL fsspec reaches, with ``stor
                                      (class, cluster, n_rows, layer_dims, and the smoother
                                      passes unless they depend on private rows; no timing)
         layer{k}/{mean,components,explained_variance,codes,beta,kernel_eigenvalues}
+                                     (zstd level 1: kahm_dask.storage.codecs)
         dp_rows                      (N_cs, p) DP rows the model was fitted on, noisy or
                                      fabricated (DP runs only; "fabricated" in stores
                                      written before it was renamed, still read)
@@ -44,6 +45,7 @@ import zarr
 
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.storage.atomic import sibling_path
+from kahm_dask.storage.codecs import MODEL_ARRAYS
 from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location
 
 __all__ = [
@@ -163,7 +165,7 @@ def _write_cluster(where: Location, model: DeepKAHM, info: dict, dp_rows: np.nda
     for k, (arrays, sc) in enumerate(layer_states):
         layer = group.require_group(f"layer{k}")
         for name, arr in arrays.items():
-            layer.create_array(name, data=np.ascontiguousarray(arr), overwrite=True)
+            layer.create_array(name, data=np.ascontiguousarray(arr), overwrite=True, **MODEL_ARRAYS)
         scalars.append(sc)
     if dp_rows is not None:
         group.create_array(DP_ROWS, data=np.ascontiguousarray(dp_rows), overwrite=True)

@@ -213,3 +213,25 @@ def test_dp_rows_are_found_under_their_name_and_under_the_name_of_older_stores(t
     older = zarr.open_group(str(tmp_path / "older.zarr"), mode="w", zarr_format=3)
     older.create_array("fabricated", data=rows)  # the name before the noisy rows became the default
     assert dp_rows_array(older)[...].tobytes() == rows.tobytes()
+
+
+def test_model_arrays_are_stored_with_zstd_level_1_and_read_back_bit_for_bit(tmp_path, model):
+    """Every layer array of a cluster carries the model store's codec (zstd, level 1: as small as
+    Zarr's default level 3 on model arrays, and faster to write; kahm_dask/storage/codecs.py);
+    the DP rows keep Zarr's default, and the model read back is the model written."""
+    from zarr.codecs import ZstdCodec
+
+    dp_rows = RNG.random((40, 4))
+    save_cluster(tmp_path / "m", 0, 0, model, {"class": 0}, dp_rows)
+    group = zarr.open_group(str(cluster_dir(tmp_path / "m", 0, 0)), mode="r")
+    layers = [group[f"layer{k}"] for k in range(len(model.layers_))]
+    codecs = {name: arr.metadata.codecs for layer in layers for name, arr in layer.arrays()}
+    assert codecs and all(ZstdCodec(level=1) in c for c in codecs.values()), codecs
+    assert ZstdCodec(level=1) not in dp_rows_array(group).metadata.codecs
+    np.testing.assert_array_equal(dp_rows_array(group)[...], dp_rows)
+    loaded = load_cluster(cluster_dir(tmp_path / "m", 0, 0))
+    for (written, _), (read, _) in zip(model.to_state()[0], loaded.to_state()[0], strict=True):
+        assert written.keys() == read.keys()
+        for name in written:
+            np.testing.assert_array_equal(read[name], written[name])
+    assert _same_model(model, loaded, RNG.random((5, 4)))
