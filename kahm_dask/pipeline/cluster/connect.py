@@ -12,7 +12,13 @@ from distributed import Client
 from distributed.security import Security
 
 from kahm_dask.pipeline.cluster.build import build_cluster, local_cluster
-from kahm_dask.pipeline.cluster.plugins import IgnoreInterrupts, ReusedHeap, SingleThreadedBLAS, blas_limited_here
+from kahm_dask.pipeline.cluster.plugins import (
+    IgnoreInterrupts,
+    ReusedHeap,
+    SingleThreadedBLAS,
+    TaskCode,
+    blas_limited_here,
+)
 from kahm_dask.pipeline.cluster.security import TLS_PROTOCOL, check_address, to_security
 from kahm_dask.pipeline.config.cluster_files import ClusterSpec, LocalSpec, RemoteSpec, load_cluster_config
 from kahm_dask.pipeline.config.sections import ClusterConfig
@@ -82,6 +88,7 @@ def connect_address(
     with _client_for_address(address, timeout, security) as client:
         client.register_plugin(SingleThreadedBLAS())
         client.register_plugin(ReusedHeap())
+        client.register_plugin(TaskCode())
         logger.info("Dask dashboard: %s", client.dashboard_link)
         yield client
 
@@ -129,6 +136,7 @@ def connect(
             client.register_plugin(SingleThreadedBLAS())
             client.register_plugin(ReusedHeap())
             client.register_plugin(IgnoreInterrupts())
+            client.register_plugin(TaskCode())
         logger.info("Dask dashboard: %s", client.dashboard_link)
         try:
             yield client

@@ -129,6 +129,30 @@ def test_local_processes_run_tasks_with_blas_env_set_before_spawn():
         assert set(r["blas"].values()) == {1}
 
 
+def _task_modules_loaded() -> dict[str, bool]:
+    from kahm_dask.pipeline.cluster.plugins import TASK_MODULES
+
+    return {name: name in sys.modules for name in TASK_MODULES}
+
+
+def test_worker_processes_have_the_task_code_imported_before_their_first_task():
+    with connect(ClusterConfig(n_workers=2, processes=True)) as client:
+        loaded = _on_every_worker(client, _task_modules_loaded)
+    assert len(loaded) == 2
+    assert all(all(modules.values()) for modules in loaded.values()), loaded
+
+
+def test_without_the_plugin_a_fresh_worker_process_lacks_the_task_code():
+    """The control: a plain LocalCluster's worker has not imported the task modules, so the test
+    above sees the plugin's work."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        (loaded,) = _on_every_worker(client, _task_modules_loaded).values()
+    assert not all(loaded.values()), loaded
+
+
 def test_local_worker_processes_reuse_freed_blocks_instead_of_mapping_each():
     # Dask's MALLOC_TRIM_THRESHOLD_ pins glibc's mmap threshold at 128 KiB; the ReusedHeap
     # plugin raises it to 32 MiB, so a 4 MiB temporary comes from the heap (none is mmapped).
