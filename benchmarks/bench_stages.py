@@ -68,7 +68,7 @@ def serial_compute(work: Path, params, settings_json: dict, settings) -> dict:
     """The pipeline's own k-means and per-cluster fits, one after the other in this process (one
     BLAS thread) on rows already in memory: the compute floor of those stages times W."""
     from kahm_dask.partition import default_min_cluster_size, n_branches
-    from kahm_dask.pipeline.training.partition import _partition_in_task
+    from kahm_dask.pipeline.training.partition import partition_in_task
     from kahm_dask.pipeline.training.tasks import GROUPED_X
 
     grouped = zarr.open_array(str(work / GROUPED_X), mode="r")[...].astype(np.float64)
@@ -82,7 +82,7 @@ def serial_compute(work: Path, params, settings_json: dict, settings) -> dict:
     with blas_threads(1):
         for _, (a, b) in sorted(bounds.items()):
             t0 = time.perf_counter()
-            _partition_in_task(grouped[a:b], n_branches(b - a, settings.block_size, settings.s_rule),
+            partition_in_task(grouped[a:b], n_branches(b - a, settings.block_size, settings.s_rule),
                                settings.min_cluster_size or default_min_cluster_size(params.n_components), root,
                                settings.n_init, settings.kmeans_dims)
             kmeans_s += time.perf_counter() - t0

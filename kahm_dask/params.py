@@ -192,7 +192,9 @@ PARAMS: dict[str, Param] = {
     "persist_fraction": Param(
         (Range(Real, 0, 1, closed="left"),),
         "a class too large for one task is held in worker memory during its k-means when its rows take at "
-        "most this share of the workers' total memory; 0: always re-read from Zarr",
+        "most this share of the workers' total memory, and all rows are partitioned in worker memory "
+        "(no reordered copies in the work store) when they take at most this share and every class fits "
+        "one task; 0: always through Zarr",
         default=0.25,
     ),
     "min_range": Param(

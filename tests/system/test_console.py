@@ -41,7 +41,8 @@ def test_default_console_has_no_info_lines(tmp_path):
     assert not [line for line in console.splitlines() if re.search(r"\bINFO\b", line)]
     assert "| accuracy |" in console and "Owner folder" in console  # the results
     # named progress for every stage, and the total time (finding 11)
-    for stage in ("ingest (private stores)", "partition (k-means per class)", "predict ", "membership metrics"):
+    for stage in ("ingest (private stores)", "partition in worker memory (rows by class, k-means per class)",
+                  "predict ", "membership metrics"):
         assert stage in console, stage
     assert re.search(r"train \d+ clusters", console) and re.search(r"done in \d+\.\d s", console)
 

@@ -343,7 +343,9 @@ def _check_budget(value: list, key: str) -> None:
 class PartitionConfig(Section):
     """``partition``: dask-ml k-means|| per class (``oversampling_factor: null`` = 2·K);
     a class is held in worker memory during its k-means when its rows take at most
-    ``persist_fraction`` of the workers' total memory limit (0: always re-read from Zarr);
+    ``persist_fraction`` of the workers' total memory limit, and all rows are partitioned in
+    worker memory, without the work store's reordered copies, when they take at most that share
+    and every class fits one task (0: always through Zarr);
     ``max_cluster_rows`` (null: no cap) splits larger clusters, bounding every training
     task's memory (a fabrication task holds about 3 copies of its rows plus a KAHM fit)."""
 

@@ -42,7 +42,7 @@ from kahm_dask.partition import (
     partition_with_min_size,
 )
 
-__all__ = ["scalable_kmeans_init", "partition_class", "partition_classes"]
+__all__ = ["scalable_kmeans_init", "partition_class", "partition_classes", "partition_in_task", "IN_TASK_FACTOR"]
 
 log = logging.getLogger("kahm_dask")
 
@@ -164,7 +164,7 @@ def partition_class(
 IN_TASK_FACTOR = 3
 
 
-def _partition_in_task(
+def partition_in_task(
     Xc: np.ndarray, n_clusters: int, min_cluster_size: int, seed: np.random.SeedSequence,
     n_init: int, kmeans_dims: int | None,
 ) -> np.ndarray:
@@ -221,7 +221,7 @@ def partition_classes(
     out_of_core = [job for job in jobs if job not in in_task]
     if in_task:
         tasks = [
-            dask.delayed(_partition_in_task, pure=True)(X_by_class[a:b], S, mcs, child_seed_sequence(seed, c),
+            dask.delayed(partition_in_task, pure=True)(X_by_class[a:b], S, mcs, child_seed_sequence(seed, c),
                                                         n_init, kmeans_dims)
             for c, a, b, S in in_task
         ]

@@ -2,8 +2,10 @@
 
 ``train_cluster`` reads one cluster's rows (a contiguous slice of the cluster-grouped copy):
 the noisy rows, and the private rows only where the recipe reads them (the paper's private
-stopping threshold, ``r_source="private"``, which leaks and warns; or a non-private run).
-It applies the core's per-cluster recipe (:meth:`TrainParams.fit_cluster
+stopping threshold, ``r_source="private"``, which leaks and warns; or a non-private run);
+``train_cluster_rows`` takes the same rows from worker memory
+(:mod:`~kahm_dask.pipeline.training.in_memory`). Either applies the core's per-cluster recipe
+(:meth:`TrainParams.fit_cluster
 <kahm_dask.recipe.TrainParams.fit_cluster>`: DP rows, then a DeepKAHM on them only,
 docs/algorithm.md#pipeline) and writes model + DP rows atomically. The model store's cluster
 metadata holds only what is public or DP: no timing, and no number of smoother passes when it
@@ -15,6 +17,7 @@ inside the task (one BLAS thread per Dask thread).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import zarr
@@ -24,7 +27,7 @@ from kahm_dask.pipeline.stores.model import cluster_done, save_cluster
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.location import LocationLike, as_location
 
-__all__ = ["train_cluster", "GROUPED_X", "GROUPED_X_NOISY"]
+__all__ = ["train_cluster", "train_cluster_rows", "GROUPED_X", "GROUPED_X_NOISY"]
 
 GROUPED_X = "grouped_X"
 GROUPED_X_NOISY = "grouped_X_noisy"
@@ -48,16 +51,45 @@ def train_cluster(
     Only the first five (less "seconds") are written to the model store. A cluster already
     complete in the model store is skipped (resume).
     """
+    def read() -> dict[str, np.ndarray]:
+        names = {"X_noisy": GROUPED_X_NOISY, "X": GROUPED_X}
+        return {name: _read_slice(work_path, names[name], start, stop) for name in _sources(params)}
+
+    return _train(read, model_path, c, s, params)
+
+
+def train_cluster_rows(rows: Mapping[str, np.ndarray], model_path: LocationLike, c: int, s: int,
+                       params: TrainParams) -> dict:
+    """:func:`train_cluster` on rows held in memory: ``rows`` maps ``"X_noisy"`` (DP runs) and
+    ``"X"`` (where the recipe reads private rows) to the cluster's (N_cs, p) rows
+    (:mod:`~kahm_dask.pipeline.training.in_memory`); returns the same dict."""
+    return _train(lambda: {name: np.asarray(rows[name], dtype=np.float64) for name in _sources(params)},
+                  model_path, c, s, params)
+
+
+def _sources(params: TrainParams) -> tuple[str, ...]:
+    """The row sources a cluster's fit reads: its DP rows' (the noisy rows; the private rows of a
+    non-private run), and the private rows where the recipe reads them."""
+    fitted = _fitted(params)
+    return (fitted, "X") if params.reads_private_rows and fitted != "X" else (fitted,)
+
+
+def _fitted(params: TrainParams) -> str:
+    return "X_noisy" if params.private else "X"
+
+
+def _train(read: Callable[[], dict[str, np.ndarray]], model_path: LocationLike, c: int, s: int,
+           params: TrainParams) -> dict:
     done = cluster_done(model_path, c, s)
     if done is not None:
         return {**done, "seconds": None, "resumed": True}
     t0 = time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):
-        rows = _read_slice(work_path, GROUPED_X_NOISY if params.private else GROUPED_X, start, stop)
-        private = _read_slice(work_path, GROUPED_X, start, stop) if params.reads_private_rows else None
-        fit = params.fit_cluster(rows, private)
+        rows = read()
+        fit = params.fit_cluster(rows[_fitted(params)], rows["X"] if params.reads_private_rows else None)
     info = {
-        "class": c, "cluster": s, "n_rows": stop - start, "passes": fit.n_passes, "layer_dims": fit.model.layer_dims_
+        "class": c, "cluster": s, "n_rows": len(rows[_fitted(params)]), "passes": fit.n_passes,
+        "layer_dims": fit.model.layer_dims_,
     }
     if params.private and params.r_source == "private":
         del info["passes"]  # stops at the private rows' modelling error: not DP

@@ -15,6 +15,12 @@ Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
    (:func:`~kahm_dask.pipeline.training.partition.partition_classes`).
 4. A cluster-grouped copy, built from the class-grouped one: rows ordered by (class, cluster),
    original order within a cluster, so each task reads one contiguous slice.
+
+   Rows that fit the workers' memory skip both copies: stages 2–4 run there, one task per row
+   chunk and one per class, with the same rows, the same k-means and the same models
+   (:mod:`~kahm_dask.pipeline.training.in_memory`, when
+   :func:`~kahm_dask.pipeline.training.in_memory.fits_in_memory`; the summary's ``rows_held``
+   names the route).
 5. One task per (class, cluster) (:func:`~kahm_dask.pipeline.training.tasks.train_cluster`) into the
    model staged in the work store; finished clusters are skipped on a rerun (resume), and the model
    is committed to the model path when every cluster is written
@@ -35,6 +41,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import dask
+import dask.array as da
 import numpy as np
 
 from kahm_dask._random import child_seed_sequence
@@ -45,11 +52,12 @@ from kahm_dask.pipeline.cluster.plugins import release_free_memory
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, write_manifest
+from kahm_dask.pipeline.training.in_memory import fits_in_memory, partition_in_memory
 from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.training.partition import partition_classes
 from kahm_dask.pipeline.training.release import release_stage
 from kahm_dask.pipeline.training.settings import TrainSettings
-from kahm_dask.pipeline.training.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster
+from kahm_dask.pipeline.training.tasks import GROUPED_X, GROUPED_X_NOISY, train_cluster, train_cluster_rows
 from kahm_dask.pipeline.training.work import (
     STAGED_MODEL,
     check_same_settings,
@@ -150,25 +158,38 @@ def _train(
     sources = {"X_noisy": X_noisy}
     if settings.needs_private_rows:
         sources["X"] = X
-    with progress.stage("copy rows by class"):
-        by_class = {
-            name: write_grouped(source, layout.groups, work_path / f"{name}_by_class", chunk_rows)
-            for name, source in sources.items() if source is not None
-        }
-    stages["class_grouping"] = time.perf_counter() - t0 - sum(stages.values())
-    with progress.stage("partition (k-means per class)"):
-        labels = _labels(partition, by_class, layout, params, settings, root, client, y)
-    stages["partition"] = time.perf_counter() - t0 - sum(stages.values())
-    log.info("partition: %d clusters in %.1f s", len(np.unique(np.c_[y, labels], axis=0)), stages["partition"])
+    sources = {name: source for name, source in sources.items() if source is not None}
+    cluster_on = "X_noisy" if (params.private and settings.cluster_on == "noisy") else "X"
+    in_memory = fits_in_memory(sources, layout, task_bytes=_memory_share(settings.persist_fraction, client, min),
+                               persist_bytes=_memory_share(settings.persist_fraction, client))
+    if in_memory:
+        with progress.stage("partition in worker memory (rows by class, k-means per class)"):
+            labels, held = partition_in_memory(
+                sources, y, layout, cluster_on, n_components=params.n_components, block_size=settings.block_size,
+                s_rule=settings.s_rule, min_cluster_size=settings.min_cluster_size,
+                seed=child_seed_sequence(root, PARTITION_STREAM), n_init=settings.n_init,
+                kmeans_dims=settings.kmeans_dims, max_cluster_rows=settings.max_cluster_rows,
+                partition=None if partition is None else np.asarray(partition, dtype=np.int64), client=client,
+            )
+        stages["partition_in_memory"] = time.perf_counter() - t0 - sum(stages.values())
+    else:
+        with progress.stage("copy rows by class"):
+            by_class = {name: write_grouped(source, layout.groups, work_path / f"{name}_by_class", chunk_rows)
+                        for name, source in sources.items()}
+        stages["class_grouping"] = time.perf_counter() - t0 - sum(stages.values())
+        with progress.stage("partition (k-means per class)"):
+            labels = _labels(partition, by_class[cluster_on], layout, params, settings, root, client)
+        stages["partition"] = time.perf_counter() - t0 - sum(stages.values())
+    log.info("partition: %d clusters", len(np.unique(np.c_[y, labels], axis=0)))
     groups, table = grouped_layout(y, labels)
-    position = layout.position  # the cluster groups as rows of the class-grouped copies
-    groups = [position[g] for g in groups]
-    with progress.stage("copy rows by cluster"):
-        for name, out in (("X", GROUPED_X), ("X_noisy", GROUPED_X_NOISY)):
-            if name in by_class:
-                write_grouped(by_class[name], groups, work_path / out, chunk_rows)
+    if not in_memory:
+        position = layout.position  # the cluster groups as rows of the class-grouped copies
+        with progress.stage("copy rows by cluster"):
+            for name, out in (("X", GROUPED_X), ("X_noisy", GROUPED_X_NOISY)):
+                if name in by_class:
+                    write_grouped(by_class[name], [position[g] for g in groups], work_path / out, chunk_rows)
+        stages["grouping"] = time.perf_counter() - t0 - sum(stages.values())
     t_prep = time.perf_counter() - t0
-    stages["grouping"] = t_prep - sum(stages.values())
 
     current = {
         "params": params.to_dict(),
@@ -197,13 +218,15 @@ def _train(
         if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
             client.run(release_free_memory)
         tasks = [
-            dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
+            dask.delayed(train_cluster_rows, pure=False)(held[c].rows[s], staged, c, s, params) if in_memory
+            else dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
             for c, s, a, b in table
         ]
         infos = compute(tasks, client, progress=progress, label=f"train {len(table)} clusters")
         commit_model(staged, model_path)
     return {
         "n_clusters": len(table),
+        "rows_held": "worker memory" if in_memory else "work store copies",
         "n_resumed": sum(i["resumed"] for i in infos),
         "seed": seed,
         "prepare_seconds": round(t_prep, 3),
@@ -215,14 +238,14 @@ def _train(
     }
 
 
-def _labels(partition, by_class, layout, params, settings, root, client, y) -> np.ndarray:
-    """(N,) within-class cluster labels: the caller's, or k-means per class on the class copy."""
+def _labels(partition, rows: da.Array, layout, params, settings, root, client) -> np.ndarray:
+    """(N,) within-class cluster labels: the caller's, or k-means per class on the class copy
+    ``rows`` of the rows the k-means reads."""
     if partition is not None:
         return np.asarray(partition, dtype=np.int64)
-    cluster_on = "X_noisy" if (params.private and settings.cluster_on == "noisy") else "X"
-    labels = np.empty(len(y), dtype=np.int64)
+    labels = np.empty(layout.order.size, dtype=np.int64)
     labels[layout.order] = partition_classes(
-        by_class[cluster_on],
+        rows,
         layout.bounds,
         n_components=params.n_components,
         block_size=settings.block_size,

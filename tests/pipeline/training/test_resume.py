@@ -24,7 +24,7 @@ def _distances(model_path, X):
     return class_distance_array(model_path, da.from_array(X, chunks=(60, X.shape[1]))).compute(scheduler="threads")
 
 
-def test_rerun_repairs_every_kind_of_damage_and_gives_the_same_model(tmp_path, small):
+def test_rerun_repairs_every_kind_of_damage_and_gives_the_same_model(tmp_path, small, route):
     store, labels, X = small
     first = train_small(store, labels, tmp_path)
     reference = _distances(tmp_path / "m.zarr", X)

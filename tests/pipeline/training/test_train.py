@@ -25,6 +25,7 @@ from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
 from tests._kit import interrupt_after_training, subprocess_cluster
+from tests.pipeline.training.conftest import HELD
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def _within_class_partition(X, y, block_size, seed=0):
 
 @pytest.mark.filterwarnings("ignore::kahm_dask.privacy.randomness.PrivacyLeakWarning")
 @pytest.mark.parametrize("epsilon", [None, 2.0])
-def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler_address, epsilon):
+def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler_address, epsilon, route):
     block_size = 60  # ~2 clusters per digit class: the min/argmin reductions are exercised
     labels = _within_class_partition(digits.X_train, digits.y_train, block_size)
     assert labels.max() >= 1
@@ -61,6 +62,7 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
         group = predict_to_store(tmp_path / "m.zarr", da.from_array(digits.X_test, chunks=(128, 64)),
                                  tmp_path / "pred.zarr", client)
     assert summary["n_clusters"] == len(set(zip(digits.y_train, labels, strict=True)))
+    assert summary["rows_held"] == HELD[route]
 
     clf = KAHMClassifier(20, 5, block_size, random_state=7, epsilon=epsilon, bounds=(0.0, 1.0), **noise)
     clf.fit(digits.X_train, digits.y_train, partition=labels)
@@ -74,7 +76,7 @@ def test_pipeline_on_remote_cluster_equals_in_memory(tmp_path, digits, scheduler
         np.testing.assert_allclose(fab, clf.dp_data_[clf.classes_[0]][labels[rows0] == 0], rtol=1e-10, atol=1e-12)
 
 
-def test_resume_recomputes_only_missing_clusters(tmp_path, digits):
+def test_resume_recomputes_only_missing_clusters(tmp_path, digits, route):
     labels = _within_class_partition(digits.X_train, digits.y_train, 60)
     store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
     settings = TrainSettings(TrainParams(10, 2, epsilon=1.0), seed=3, block_size=60, bounds=(0.0, 1.0))
@@ -84,11 +86,12 @@ def test_resume_recomputes_only_missing_clusters(tmp_path, digits):
     interrupt_after_training(tmp_path / "m.zarr", tmp_path / "w", (3, 1))  # a cluster lost mid-run
     second = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, partition=labels, progress=False)
     assert second["n_resumed"] == first["n_clusters"] - 1
+    assert first["rows_held"] == second["rows_held"] == HELD[route]
     after = load_cluster(cluster_dir(tmp_path / "m.zarr", 3, 1)).distance(digits.X_test)
     np.testing.assert_array_equal(before, after)
 
 
-def test_max_cluster_rows_bounds_every_task(tmp_path, digits):
+def test_max_cluster_rows_bounds_every_task(tmp_path, digits, route):
     """partition.max_cluster_rows splits the k-means clusters so no task gets more rows (the
     memory bound of the out-of-core DP run); the model store records the capped clusters."""
     store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
@@ -97,5 +100,6 @@ def test_max_cluster_rows_bounds_every_task(tmp_path, digits):
     sizes = [c["n_rows"] for c in read_manifest(tmp_path / "m.zarr")["clusters"]]
     assert max(sizes) <= 50 and sum(sizes) == digits.X_train.shape[0]
     assert summary["n_clusters"] == len(sizes) > 10 * 2
+    assert summary["rows_held"] == HELD[route]
 
 
