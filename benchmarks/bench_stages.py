@@ -40,8 +40,8 @@ from benchmarks._harness import (
     write_report,
 )
 
-STAGES = ("ingest", "copy rows by class", "k-means per class", "copy rows by cluster", "cluster tasks",
-          "predict (exhaustive)")
+STAGES = ("ingest", "copy rows by class", "k-means per class", "copy rows by cluster",
+          "rows by class and k-means, in worker memory", "cluster tasks", "predict (exhaustive)")
 
 
 def _dir_bytes(path: Path) -> int:
@@ -64,34 +64,31 @@ def io_rates(X: np.ndarray, chunk_rows: int, where: Path) -> tuple[float, float]
     return X.nbytes / read / 1e6, X.nbytes / write / 1e6
 
 
-def serial_compute(work: Path, params, settings_json: dict, settings) -> dict:
+def serial_compute(X: np.ndarray, y: np.ndarray, params, settings) -> dict:
     """The pipeline's own k-means and per-cluster fits, one after the other in this process (one
-    BLAS thread) on rows already in memory: the compute floor of those stages times W."""
+    BLAS thread) on rows already in memory: the compute floor of those stages times W. Each
+    class's rows in their original order, partitioned by the pipeline's in-task k-means; each
+    cluster's rows in their original order (the rows the pipeline's tasks get)."""
+    from kahm_dask._random import child_seed_sequence
+    from kahm_dask.classifier import PARTITION_STREAM
     from kahm_dask.partition import default_min_cluster_size, n_branches
     from kahm_dask.pipeline.training.partition import partition_in_task
-    from kahm_dask.pipeline.training.tasks import GROUPED_X
 
-    grouped = zarr.open_array(str(work / GROUPED_X), mode="r")[...].astype(np.float64)
-    table = settings_json["clusters"]
-    bounds: dict[int, list[int]] = {}
-    for c, _, a, b in table:
-        lo, hi = bounds.get(c, [a, b])
-        bounds[c] = [min(lo, a), max(hi, b)]
-    root = np.random.SeedSequence(settings.seed)
-    kmeans_s = 0.0
+    seeds = child_seed_sequence(np.random.SeedSequence(settings.seed), PARTITION_STREAM)  # the pipeline's
+    mcs = settings.min_cluster_size or default_min_cluster_size(params.n_components)
+    kmeans_s, fit_s, longest = 0.0, 0.0, 0.0
     with blas_threads(1):
-        for _, (a, b) in sorted(bounds.items()):
+        for code, c in enumerate(np.unique(y)):
+            rows = np.asarray(X[y == c], dtype=np.float64)
             t0 = time.perf_counter()
-            partition_in_task(grouped[a:b], n_branches(b - a, settings.block_size, settings.s_rule),
-                               settings.min_cluster_size or default_min_cluster_size(params.n_components), root,
-                               settings.n_init, settings.kmeans_dims)
+            labels = partition_in_task(rows, n_branches(len(rows), settings.block_size, settings.s_rule), mcs,
+                                       child_seed_sequence(seeds, code), settings.n_init, settings.kmeans_dims)
             kmeans_s += time.perf_counter() - t0
-        fit_s, longest = 0.0, 0.0
-        for _, _, a, b in table:
-            t0 = time.perf_counter()
-            params.fit_cluster(grouped[a:b], grouped[a:b])
-            took = time.perf_counter() - t0
-            fit_s, longest = fit_s + took, max(longest, took)
+            for s in np.unique(labels):
+                t0 = time.perf_counter()
+                params.fit_cluster(rows[labels == s], rows[labels == s])
+                took = time.perf_counter() - t0
+                fit_s, longest = fit_s + took, max(longest, took)
     return {"serial_kmeans_s": kmeans_s, "serial_fit_s": fit_s, "longest_fit_s": longest}
 
 
@@ -105,7 +102,8 @@ def predict_flops(model_path: Path, m: int) -> float:
 
 
 def _stage_windows(stage_seconds: dict, fit_start: float) -> list[tuple[str, float, float]]:
-    names = {"class_grouping": STAGES[1], "partition": STAGES[2], "grouping": STAGES[3]}
+    names = {"class_grouping": STAGES[1], "partition": STAGES[2], "grouping": STAGES[3],
+             "partition_in_memory": STAGES[4]}
     windows, t = [], fit_start
     for key, seconds in stage_seconds.items():
         if key in names:
@@ -167,8 +165,8 @@ def run(args) -> dict:
         out["model_bytes"] = _dir_bytes(tmp / "model.zarr")
         out["test_bytes"] = Xt.nbytes
         out["predict_gflop"] = predict_flops(tmp / "model.zarr", len(Xt)) / 1e9
-        settings_json = json.loads((tmp / "work" / "settings.json").read_text())
-        out.update(serial_compute(tmp / "work", params, settings_json, settings))
+        out["rows_held"] = summary["rows_held"]
+        out.update(serial_compute(X, y, params, settings))
     out["load_avg_end"] = os.getloadavg()[0]
     return out
 
@@ -182,10 +180,14 @@ def floors(r: dict) -> list[list[object]]:
     rows = [
         ("ingest", 0, data, None, r["ingest_s"], data / wr / W,
          "one writer in the client (`write_dataset`); the floor splits it over W"),
-        ("copy rows by class", data, data, None, st["class_grouping"], (data / rd + data / wr) / W, ""),
-        ("k-means per class", data, 0, None, st["partition"], data / rd / W + r["serial_kmeans_s"] / W,
-         "floor: this process's k-means of every class, one after the other, / W"),
-        ("copy rows by cluster", data, data, None, st["grouping"], (data / rd + data / wr) / W, ""),
+        *([("rows by class and k-means, in worker memory", data, 0, None, st["partition_in_memory"],
+            data / rd / W + r["serial_kmeans_s"] / W,
+            "floor: one read of the rows, and this process's k-means of every class, one after the other, / W")]
+          if "partition_in_memory" in st else [
+            ("copy rows by class", data, data, None, st["class_grouping"], (data / rd + data / wr) / W, ""),
+            ("k-means per class", data, 0, None, st["partition"], data / rd / W + r["serial_kmeans_s"] / W,
+             "floor: this process's k-means of every class, one after the other, / W"),
+            ("copy rows by cluster", data, data, None, st["grouping"], (data / rd + data / wr) / W, "")]),
         ("cluster tasks", data, model, None, r["train_seconds"],
          max((data / rd + model / wr + r["serial_fit_s"]) / W, r["longest_fit_s"]),
          "floor: this process's fits of every cluster, one after the other, / W, plus the model store's writes"),
@@ -223,7 +225,7 @@ def main(argv=None) -> None:
         "float64 GEMM, one core": f"{r['gemm_gflops']:.1f} GFLOP/s",
         "serial compute, this process": f"k-means {r['serial_kmeans_s']:.1f} s, "
                                         f"cluster fits {r['serial_fit_s']:.1f} s (longest {r['longest_fit_s']:.2f} s)",
-        "pipeline": f"fit {r['fit_s']:.1f} s, predict {r['predict_s']:.1f} s",
+        "pipeline": f"fit {r['fit_s']:.1f} s, predict {r['predict_s']:.1f} s; rows held in {r['rows_held']}",
     })
     table = markdown_table(["stage", "MiB read", "MiB written", "GFLOP", "tasks", "floor s", "measured s",
                             "measured / floor", "how the floor is counted"], floors(r))
