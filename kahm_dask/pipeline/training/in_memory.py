@@ -113,6 +113,8 @@ def partition_in_memory(
     persisted ``dask.delayed``; on ``client`` when given, each task retried up to twice).
 
     ``sources``: name → (N, p) dask array of rows; ``cluster_on`` names the one k-means reads.
+    The tasks' keys are random (``pure=False``): a key hashed from their arguments, the private
+    class labels among them, would let whoever sees the keys confirm a guess of a label.
     Seeds and rules are the Zarr route's (:func:`~kahm_dask.pipeline.training.partition.partition_classes`):
     class code c uses ``child(seed, c)``. ``partition``: (N,) caller labels instead of k-means.
     """
@@ -123,12 +125,12 @@ def partition_in_memory(
         offsets = np.cumsum((0, *X.chunks[0]))
         for i, block in enumerate(X.to_delayed().ravel()):
             codes = y_codes[offsets[i]:offsets[i + 1]]
-            split = dask.delayed(_split_by_class, pure=True, nout=len(classes))(block, codes, classes)
+            split = dask.delayed(_split_by_class, pure=False, nout=len(classes))(block, codes, classes)
             for k, c in enumerate(classes):
                 pieces[c][name].append(split[k])
     mcs = min_cluster_size or default_min_cluster_size(n_components)
     tasks = [
-        dask.delayed(cluster_class, pure=True)(
+        dask.delayed(cluster_class, pure=False)(
             pieces[c], cluster_on, n_branches(b - a, block_size, s_rule), mcs, child_seed_sequence(seed, c), n_init,
             kmeans_dims, max_cluster_rows, None if partition is None else partition[layout.order[a:b]],
         )

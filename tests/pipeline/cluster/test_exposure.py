@@ -87,3 +87,39 @@ def test_no_task_key_is_derived_from_the_private_rows(tmp_path, digits):
     assert len({q.split("kahm-queries-")[1][:32] for q in queries}) == 2  # a random name per call
     assert not [k for k in keys if k.startswith("('array-") or k.startswith("array-")]
     assert np.isfinite(clf.class_distances(X)).all()
+
+
+class _ComputedKeys(_Keys):
+    """Records the keys of the tasks that start running (not those released later)."""
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        if finish == "processing":
+            self.keys.add(str(key))
+
+
+def test_no_task_key_of_the_in_memory_partition_is_derived_from_the_rows_or_their_labels(tmp_path):
+    """The in-memory route's tasks take the private class labels (and rows) as arguments. A key
+    hashed from them (``pure=True``) would be the same in every run on the same data, so a
+    dashboard viewer could confirm a guess of a label by hashing it: two runs on the same rows
+    must share no key of those tasks."""
+    from kahm_dask.datasets import make_class_blobs
+    from kahm_dask.pipeline.stores.dataset import write_dataset
+    from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+    from kahm_dask.recipe import TrainParams
+
+    X, y = make_class_blobs(300, 5, 3, random_state=0)
+    store = write_dataset(tmp_path / "s.zarr", X, y, chunk_rows=100)
+    settings = TrainSettings(TrainParams(3, 1), seed=0, block_size=50)
+    runs = []
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        for run in ("a", "b"):
+            client.register_plugin(_ComputedKeys(), name=f"keys-{run}")
+            summary = train_pipeline(store, tmp_path / f"{run}.zarr", tmp_path / f"{run}.work", settings, client)
+            assert summary["rows_held"] == "worker memory"
+            name = f"keys-{run}"
+            keys = client.run_on_scheduler(lambda dask_scheduler, n=name: sorted(dask_scheduler.plugins[n].keys))
+            client.run_on_scheduler(lambda dask_scheduler, n=name: dask_scheduler.remove_plugin(name=n))
+            runs.append({k for k in keys if "_split_by_class" in k or "cluster_class" in k})
+    assert runs[0] and runs[1]
+    assert not runs[0] & runs[1]
