@@ -7,7 +7,11 @@ memory limit, or crashed). Writes ``benchmarks/results/large.md``, or ``large_dp
 (``--epsilon``: secure discrete Laplace noise on the whole 4 GiB matrix, fabrication per cluster).
 
     python -m benchmarks.bench_large [--pipeline pipelines/large_synthetic.yaml] [--n-samples N]
-                                     [--epsilon 2]
+                                     [--epsilon 2] [--workers W] [--name NAME]
+
+Weak scaling (the same rows per worker on 1 and 2 workers, ``large_weak_1.md`` and
+``large_weak_2.md``): ``--workers 1 --n-samples 66048 --name large_weak_1``, then
+``--workers 2 --n-samples 132096 --name large_weak_2``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def main(argv=None) -> None:
     ap.add_argument("--n-samples", type=int, help="override data.synthetic.n_samples")
     ap.add_argument("--output", type=Path, help="override the run directory")
     ap.add_argument("--epsilon", type=float, help="a DP run at this ε (privacy.epsilon)")
+    ap.add_argument("--workers", type=int, help="override cluster.n_workers (each keeps its memory limit)")
+    ap.add_argument("--name", help="report name under benchmarks/results/ (default: large, or large_dp)")
     args = ap.parse_args(argv)
 
     cfg = load_config(args.pipeline)
@@ -68,6 +74,8 @@ def main(argv=None) -> None:
         overrides["data.synthetic.n_samples"] = args.n_samples
     if args.output:
         overrides["output"] = str(args.output)
+    if args.workers:
+        overrides["cluster.n_workers"] = args.workers
     if args.epsilon:
         overrides["privacy.epsilon"] = args.epsilon
         overrides["privacy.dp_data"] = "fabricated"  # the DP rows its results (large_dp.md) were measured with
@@ -111,7 +119,7 @@ def main(argv=None) -> None:
     if dp:
         rows.insert(0, ["privacy", f"ε = {cfg.privacy.epsilon:g} per entry, {cfg.privacy.dp_data} rows"])
     path = write_report(
-        "large_dp" if dp else "large",
+        args.name or ("large_dp" if dp else "large"),
         "Larger-than-memory pipeline run" + (" with DP" if dp else ""),
         facts,
         [("Result", markdown_table(["quantity", "value"], rows))] + ([("Notes", DP_NOTES)] if dp else []),
