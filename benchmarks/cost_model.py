@@ -31,7 +31,7 @@ and the model predicts the others from their N and W alone. The runs are those o
 ``benchmarks/bench_large.py`` (its results files are parsed: the Zarr route, data larger than the
 workers' memory). The 100 GiB row applies the same constants, so it assumes what the runs
 cannot show: storage whose bandwidth grows with the workers, and a scheduler and network that
-keep up (docs/performance.md#past-one-machine discusses both).
+keep up (docs/performance.md#past-one-machine-weak-scaling-and-a-cost-model discusses both).
 
     python -m benchmarks.cost_model [--calibrate large_weak_1] [--runs large_weak_2 large]
 """
