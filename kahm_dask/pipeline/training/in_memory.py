@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import dask
 import dask.array as da
 import numpy as np
+from dask.delayed import Delayed
 
 from kahm_dask._random import child_seed_sequence
 from kahm_dask.partition import cap_cluster_rows, default_min_cluster_size, n_branches
@@ -107,7 +108,7 @@ def partition_in_memory(
     max_cluster_rows: int | None,
     partition: np.ndarray | None = None,
     client=None,
-) -> tuple[np.ndarray, dict[int, dask.delayed]]:
+) -> tuple[np.ndarray, dict[int, Delayed]]:
     """Partition every class in worker memory; returns the (N,) within-class labels (original
     row order) and, per class code, its :class:`ClassClusters` held in worker memory (a
     persisted ``dask.delayed``; on ``client`` when given, each task retried up to twice).
