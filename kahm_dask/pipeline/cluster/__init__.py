@@ -51,7 +51,8 @@ setting reproduced the loss.
 :class:`TaskCode` plugin, which imports the pipeline's task modules (Zarr, dask.array, training
 and prediction) when the worker joins. Without it each worker imported them in its first task
 (0.7–0.9 s here), inside the first stage of the first fit, with the other workers waiting at the
-stage's end.
+stage's end. The modules take about 90 MiB, so workers with less than 4 GiB of memory limit
+import them on first use, as before.
 
 **Logs.** The scheduler and nannies of a local cluster run in the client's process and log
 through its ``distributed`` loggers; its workers log at Dask's configured level

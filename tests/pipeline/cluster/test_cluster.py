@@ -142,6 +142,14 @@ def test_worker_processes_have_the_task_code_imported_before_their_first_task():
     assert all(all(modules.values()) for modules in loaded.values()), loaded
 
 
+def test_a_worker_with_a_small_memory_limit_imports_the_task_code_only_when_used():
+    """The task modules take about 90 MiB: a 1 GiB worker (below the plugin's minimum) keeps them
+    out until a task needs them."""
+    with connect(ClusterConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
+        (loaded,) = _on_every_worker(client, _task_modules_loaded).values()
+    assert not all(loaded.values()), loaded
+
+
 def test_without_the_plugin_a_fresh_worker_process_lacks_the_task_code():
     """The control: a plain LocalCluster's worker has not imported the task modules, so the test
     above sees the plugin's work."""
