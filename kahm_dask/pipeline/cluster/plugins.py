@@ -102,7 +102,19 @@ def release_free_memory() -> int:
     return int(libc.malloc_trim(0)) if libc is not None and hasattr(libc, "malloc_trim") else 0
 
 
-class ReusedHeap(WorkerPlugin):
+class _LargeWorkerPlugin(WorkerPlugin):
+    """A worker plugin that leaves alone a worker with a memory limit below ``min_memory_limit``
+    (default :data:`MIN_MEMORY_LIMIT`): the rule :class:`ReusedHeap` and :class:`TaskCode` share."""
+
+    def __init__(self, min_memory_limit: int = MIN_MEMORY_LIMIT) -> None:
+        self.min_memory_limit = int(min_memory_limit)
+
+    def _is_small(self, worker: Any) -> bool:
+        limit = worker.memory_manager.memory_limit
+        return bool(limit) and limit < self.min_memory_limit
+
+
+class ReusedHeap(_LargeWorkerPlugin):
     """Worker plugin: glibc's allocator keeps freed blocks of up to 32 MiB for reuse.
 
     Dask starts its worker processes with ``MALLOC_TRIM_THRESHOLD_=65536``, which also fixes
@@ -120,14 +132,11 @@ class ReusedHeap(WorkerPlugin):
 
     name = "kahm-dask-reused-heap"
 
-    def __init__(self, min_memory_limit: int = MIN_MEMORY_LIMIT) -> None:
-        self.min_memory_limit = int(min_memory_limit)
-
     def setup(self, worker: Any) -> None:
         """Set the thresholds in the worker's process and start the check against its limit."""
-        limit = worker.memory_manager.memory_limit
-        if limit and limit < self.min_memory_limit:
+        if self._is_small(worker):
             return
+        limit = worker.memory_manager.memory_limit
         if not set_malloc_thresholds():
             logger.debug("not glibc: the allocator's thresholds are left as they are")
             return
@@ -186,7 +195,7 @@ TASK_MODULES = (
 )
 
 
-class TaskCode(WorkerPlugin):
+class TaskCode(_LargeWorkerPlugin):
     """Worker plugin: import :data:`TASK_MODULES` when the worker joins, not in its first task.
 
     A fresh worker process has Dask, NumPy, SciPy and scikit-learn loaded; the pipeline's task
@@ -203,13 +212,9 @@ class TaskCode(WorkerPlugin):
 
     name = "kahm-dask-task-code"
 
-    def __init__(self, min_memory_limit: int = MIN_MEMORY_LIMIT) -> None:
-        self.min_memory_limit = int(min_memory_limit)
-
     def setup(self, worker: Any) -> None:
         """Import the task modules in the worker's process (not on a small worker)."""
-        limit = worker.memory_manager.memory_limit
-        if limit and limit < self.min_memory_limit:
+        if self._is_small(worker):
             return
         for module in TASK_MODULES:
             importlib.import_module(module)
