@@ -3,11 +3,14 @@
 Runs ``pipelines/large_synthetic.yaml`` (or ``--pipeline``) on a LocalCluster of 2 workers
 capped at 1 GiB each, and records the data size, every stage's time, the peak resident memory
 of each worker process and whether any worker was lost (killed by the nanny for exceeding its
-memory limit, or crashed). Writes ``benchmarks/results/large.md``, or ``large_dp.md`` for a DP run
-(``--epsilon``: secure discrete Laplace noise on the whole 4 GiB matrix, fabrication per cluster).
+memory limit, or crashed), and the size of the model store on disk. Writes
+``benchmarks/results/large.md``, or ``large_dp.md`` for a DP run (``--epsilon``: secure discrete
+Laplace noise on the whole 4 GiB matrix; the models are fitted on the noisy rows, the library's
+default, or with ``--dp-data fabricated`` on rows fabricated with ``r_value`` = 4 smoother passes).
 
     python -m benchmarks.bench_large [--pipeline pipelines/large_synthetic.yaml] [--n-samples N]
-                                     [--epsilon 2] [--workers W] [--name NAME]
+                                     [--epsilon 2 [--dp-data noisy|fabricated]] [--workers W]
+                                     [--name NAME]
 
 Weak scaling (the same rows per worker on 1 and 2 workers, ``large_weak_1.md`` and
 ``large_weak_2.md``): ``--workers 1 --n-samples 66048 --name large_weak_1``, then
@@ -27,7 +30,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from benchmarks._harness import machine_facts, markdown_table, write_report
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import load_config
+from kahm_dask.params import PARAMS
 from kahm_dask.pipeline.runs.central import run_pipeline
+from kahm_dask.pipeline.runs.layout import run_paths
 
 
 class WorkerLosses(SchedulerPlugin):
@@ -47,11 +52,19 @@ class WorkerLosses(SchedulerPlugin):
 DP_NOTES = (
     "This run measures memory and time at scale, not utility: the generated classes differ by a few "
     "thousandths per feature (in [0, 1]) while the noise of ε = 2 per entry has a standard deviation of "
-    "about 0.7 per entry, so the fabricated rows carry almost no class signal (accuracy near the "
+    "about 0.7 per entry, so the DP rows carry almost no class signal (accuracy near the "
     "1/10 of chance; the attack AUC near 0.5 says no membership signal either). A rerun into the "
     "same output reuses the stored noisy rows (the release is drawn once per data set), so its "
     "ingest and noise stages take well under a second."
 )
+
+
+FABRICATION_PASSES = 4  # r_value of a fabricated run: a cost knob like n_layers
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (0 if it does not exist)."""
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def _peak_rss_mib() -> float:
@@ -64,6 +77,8 @@ def main(argv=None) -> None:
     ap.add_argument("--n-samples", type=int, help="override data.synthetic.n_samples")
     ap.add_argument("--output", type=Path, help="override the run directory")
     ap.add_argument("--epsilon", type=float, help="a DP run at this ε (privacy.epsilon)")
+    ap.add_argument("--dp-data", choices=PARAMS["dp_data"].choices, default=PARAMS["dp_data"].default,
+                    help="the DP rows the models are fitted on (with --epsilon)")
     ap.add_argument("--workers", type=int, help="override cluster.n_workers (each keeps its memory limit)")
     ap.add_argument("--name", help="report name under benchmarks/results/ (default: large, or large_dp)")
     args = ap.parse_args(argv)
@@ -78,7 +93,9 @@ def main(argv=None) -> None:
         overrides["cluster.n_workers"] = args.workers
     if args.epsilon:
         overrides["privacy.epsilon"] = args.epsilon
-        overrides["privacy.dp_data"] = "fabricated"  # the DP rows its results (large_dp.md) were measured with
+        overrides["privacy.dp_data"] = args.dp_data
+        if args.dp_data == "fabricated":
+            overrides["privacy.r_value"] = FABRICATION_PASSES
     if overrides:
         cfg = cfg.with_overrides(**overrides)
     syn = cfg.data.synthetic
@@ -99,6 +116,7 @@ def main(argv=None) -> None:
         )
         series = sampler.to_pandas()
     total_s = time.perf_counter() - t0
+    store_gib = _tree_bytes(run_paths(cfg.output, cfg.privacy.epsilon is not None).model) / 2**30
     rows = [
         ["training data", f"{syn.n_samples - metrics['n_test']} × {syn.n_features} {syn.dtype}"],
         ["data size (all rows)", f"{data_gib:.2f} GiB"],
@@ -107,6 +125,7 @@ def main(argv=None) -> None:
         ["peak RSS per worker (MiB)", ", ".join(f"{v:.0f}" for v in peaks.values())],
         ["peak cluster memory, sampled (MiB)", f"{series['cluster'].max() / 2**20:.0f}"],
         ["clusters trained", metrics["n_clusters"]],
+        ["model store on disk", f"{store_gib:.2f} GiB ({store_gib / data_gib:.2f}× the data)"],
         ["ingest (generate + write) s", metrics["ingest_seconds"]],
         ["train s (all stages)", metrics["fit_seconds"]],
         *[[f"… {stage} s", seconds] for stage, seconds in metrics["fit_stage_seconds"].items()],
