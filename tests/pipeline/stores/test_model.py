@@ -10,13 +10,16 @@ in tests/system/test_interrupted_run.py do the same with real SIGKILLs).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
+import time
 import warnings
 
 import numpy as np
 import pytest
 import zarr
+from zarr.core.group import AsyncGroup
 
 import kahm_dask.pipeline.stores.model as model_mod
 from kahm_dask.deep import DeepKAHM
@@ -28,6 +31,7 @@ from kahm_dask.pipeline.stores.model import (
     load_cluster,
     save_cluster,
 )
+from kahm_dask.storage.codecs import MODEL_CHUNK_BYTES, model_chunks
 
 RNG = np.random.default_rng(5)
 
@@ -93,18 +97,22 @@ def test_a_complete_cluster_is_never_replaced(tmp_path, model):
 
 
 def test_failure_while_writing_leaves_no_cluster_and_no_temporary(tmp_path, model, monkeypatch):
-    real = zarr.Group.create_array
+    """The arrays are written concurrently: one failing (the third) while the others still
+    write leaves nothing behind, because the error is raised only once every write has ended."""
+    real = AsyncGroup.create_array
     calls = []
 
-    def flaky(self, *args, **kwargs):
+    async def flaky(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return real(self, *args, **kwargs)
+        await asyncio.sleep(0.05)  # the other writes finish after the failure
+        return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(zarr.Group, "create_array", flaky)
+    monkeypatch.setattr(AsyncGroup, "create_array", flaky)
     with pytest.raises(OSError, match="No space left"):
         save_cluster(tmp_path, 0, 0, model, {"n_rows": 40})
+    time.sleep(0.3)  # a write still running after the error would land by now
     assert list((tmp_path / "clusters").iterdir()) == []
     assert cluster_done(tmp_path, 0, 0) is None
 
@@ -217,8 +225,9 @@ def test_dp_rows_are_found_under_their_name_and_under_the_name_of_older_stores(t
 
 def test_model_arrays_are_stored_with_zstd_level_1_and_read_back_bit_for_bit(tmp_path, model):
     """Every layer array of a cluster carries the model store's codec (zstd, level 1: as small as
-    Zarr's default level 3 on model arrays, and faster to write; kahm_dask/storage/codecs.py);
-    the DP rows keep Zarr's default, and the model read back is the model written."""
+    Zarr's default level 3 on model arrays, and faster to write; kahm_dask/storage/codecs.py)
+    and its chunks (whole rows up to 8 MiB); the DP rows keep Zarr's default, and the model
+    read back is the model written."""
     from zarr.codecs import ZstdCodec
 
     dp_rows = RNG.random((40, 4))
@@ -227,6 +236,9 @@ def test_model_arrays_are_stored_with_zstd_level_1_and_read_back_bit_for_bit(tmp
     layers = [group[f"layer{k}"] for k in range(len(model.layers_))]
     codecs = {name: arr.metadata.codecs for layer in layers for name, arr in layer.arrays()}
     assert codecs and all(ZstdCodec(level=1) in c for c in codecs.values()), codecs
+    chunks = {name: arr.chunks for layer in layers for name, arr in layer.arrays()}
+    written = {name: arr for arrays, _ in model.to_state()[0] for name, arr in arrays.items()}
+    assert chunks == {name: model_chunks(arr) for name, arr in written.items()}
     assert ZstdCodec(level=1) not in dp_rows_array(group).metadata.codecs
     np.testing.assert_array_equal(dp_rows_array(group)[...], dp_rows)
     loaded = load_cluster(cluster_dir(tmp_path / "m", 0, 0))
@@ -235,3 +247,25 @@ def test_model_arrays_are_stored_with_zstd_level_1_and_read_back_bit_for_bit(tmp
         for name in written:
             np.testing.assert_array_equal(read[name], written[name])
     assert _same_model(model, loaded, RNG.random((5, 4)))
+
+
+# ---------------------------------------------------------------- the chunk rule (storage/codecs.py)
+
+
+@pytest.mark.parametrize("shape", [(1000, 785), (2000, 4097), (7, 3), (1, 2**21), (784,), (20, 784), (0, 5), (3, 0)])
+def test_model_chunks_are_whole_rows_within_the_cap(shape):
+    """Whole rows (every axis but the first is one chunk), at least one row, and no more rows
+    than fit in MODEL_CHUNK_BYTES unless a single row is larger; never more rows than exist."""
+    arr = np.zeros(shape)
+    chunks = model_chunks(arr)
+    assert len(chunks) == arr.ndim and all(c >= 1 for c in chunks)
+    assert chunks[1:] == tuple(max(1, n) for n in shape[1:])
+    row_bytes = arr.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    assert chunks[0] == 1 or chunks[0] * row_bytes <= MODEL_CHUNK_BYTES
+    assert chunks[0] <= max(1, shape[0])
+    # as many rows as the cap allows: one more would cross it (or the array ends)
+    assert chunks[0] == max(1, shape[0]) or (chunks[0] + 1) * max(row_bytes, arr.itemsize) > MODEL_CHUNK_BYTES
+
+
+def test_a_scalar_model_array_is_one_chunk():
+    assert model_chunks(np.float64(1.0).reshape(())) == ()
