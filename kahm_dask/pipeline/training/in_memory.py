@@ -108,10 +108,11 @@ def partition_in_memory(
     max_cluster_rows: int | None,
     partition: np.ndarray | None = None,
     client=None,
-) -> tuple[np.ndarray, dict[int, Delayed]]:
+) -> tuple[np.ndarray, dict[tuple[int, int], Delayed]]:
     """Partition every class in worker memory; returns the (N,) within-class labels (original
-    row order) and, per class code, its :class:`ClassClusters` held in worker memory (a
-    persisted ``dask.delayed``; on ``client`` when given, each task retried up to twice).
+    row order) and, per (class code, cluster label), that cluster's rows (source name → rows,
+    as in :class:`ClassClusters`) held in worker memory (a persisted ``dask.delayed``; on
+    ``client`` when given, each task retried up to twice).
 
     ``sources``: name → (N, p) dask array of rows; ``cluster_on`` names the one k-means reads.
     The tasks' keys are random (``pure=False``): a key hashed from their arguments, the private
@@ -143,4 +144,16 @@ def partition_in_memory(
     labels = np.empty(len(y_codes), dtype=np.int64)
     for (_, a, b), part in zip(layout.bounds, found, strict=True):
         labels[layout.order[a:b]] = part
-    return labels, dict(zip(classes, held, strict=True))
+    # one held result per cluster, in memory before this returns, so that a cluster task depends
+    # on nothing still to run and the tasks start in the order of their priorities
+    keys = [(c, int(s)) for c, part in zip(classes, found, strict=True) for s in np.unique(part)]
+    pick = {c: h.rows for c, h in zip(classes, held, strict=True)}
+    rows = [pick[c][s] for c, s in keys]
+    if client is not None:
+        from distributed import futures_of, wait
+
+        rows = client.persist(rows, retries=2)
+        wait(futures_of(rows))
+    else:
+        rows = dask.persist(*rows)
+    return labels, dict(zip(keys, rows, strict=True))

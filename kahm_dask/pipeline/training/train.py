@@ -217,11 +217,15 @@ def _train(
                                               extra))
         if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
             client.run(release_free_memory)
-        tasks = [
-            dask.delayed(train_cluster_rows, pure=False)(held[c].rows[s], staged, c, s, params) if in_memory
-            else dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
-            for c, s, a, b in table
-        ]
+        tasks = []
+        for c, s, a, b in table:
+            # largest first (the longest-processing-time rule): the workers' last tasks are the
+            # small ones, so the one that finishes early idles for less
+            with dask.annotate(priority=b - a):
+                tasks.append(
+                    dask.delayed(train_cluster_rows, pure=False)(held[c, s], staged, c, s, params) if in_memory
+                    else dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
+                )
         infos = compute(tasks, client, progress=progress, label=f"train {len(table)} clusters")
         commit_model(staged, model_path)
     return {

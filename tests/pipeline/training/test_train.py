@@ -23,6 +23,8 @@ from kahm_dask.pipeline.stores.dataset import write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cluster_dir, load_cluster
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import tasks as tasks_mod
+from kahm_dask.pipeline.training import train as train_mod
 from kahm_dask.recipe import TrainParams
 from tests._kit import interrupt_after_training, subprocess_cluster
 from tests.pipeline.training.conftest import HELD
@@ -103,3 +105,37 @@ def test_max_cluster_rows_bounds_every_task(tmp_path, digits, route):
     assert summary["rows_held"] == HELD[route]
 
 
+
+
+#: The rows of each cluster task, in the order the worker ran them (module level: the in-process
+#: worker resolves the wrappers below by reference, so it appends here).
+_RAN: list[int] = []
+
+
+def _recorded_rows(rows, *args):
+    _RAN.append(len(next(iter(rows.values()))))  # rows: source name → (n, p)
+    return tasks_mod.train_cluster_rows(rows, *args)
+
+
+def _recorded_slice(work, staged, c, s, a, b, params):
+    _RAN.append(b - a)
+    return tasks_mod.train_cluster(work, staged, c, s, a, b, params)
+
+
+def test_cluster_tasks_run_largest_first(tmp_path, digits, route, monkeypatch):
+    """On one single-threaded worker the cluster tasks run in decreasing size (the
+    longest-processing-time rule), whatever order the partition lists them in."""
+    from distributed import LocalCluster
+
+    monkeypatch.setattr(train_mod, "train_cluster_rows", _recorded_rows)
+    monkeypatch.setattr(train_mod, "train_cluster", _recorded_slice)
+    _RAN.clear()
+    store = write_dataset(tmp_path / "train.zarr", digits.X_train, digits.y_train, chunk_rows=300)
+    settings = TrainSettings(TrainParams(10, 1), seed=3, block_size=60)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        summary = train_pipeline(store, tmp_path / "m.zarr", tmp_path / "w", settings, client, progress=False)
+    sizes = [c["n_rows"] for c in read_manifest(tmp_path / "m.zarr")["clusters"]]
+    assert summary["rows_held"] == HELD[route] and len(_RAN) == len(sizes) > 10
+    assert sizes != sorted(sizes, reverse=True)  # the partition's order is not already the answer
+    assert _RAN == sorted(sizes, reverse=True)
