@@ -5,7 +5,10 @@ The rules of docs/algorithm.md#kmeans-partition are the core's
 large enough; docs/decisions.md#decision-pipeline-partition). A class whose k-means fits one
 task is partitioned there by the estimator's own code (principal coordinates, k-means++), so
 the pipeline and :class:`~kahm_dask.KAHMClassifier` give the same partition for the same rows
-and seed. A larger class is clustered out of core: k-means|| initial centres
+and seed. A larger class gets its top ``kmeans_dims`` principal coordinates out of core
+(:func:`principal_coordinates`, a randomized SVD) and the same k-means on them in one task.
+Only a class whose coordinates do not fit one task either (or any large class when
+``kmeans_dims`` is None) is clustered out of core on all features: k-means|| initial centres
 (:func:`scalable_kmeans_init`, with the weighted
 re-clustering step that dask-ml's own k-means|| leaves out), then
 ``dask_ml.cluster.KMeans(init=centres)`` for the Lloyd iterations. ``oversampling_factor``
@@ -42,7 +45,8 @@ from kahm_dask.partition import (
     partition_with_min_size,
 )
 
-__all__ = ["scalable_kmeans_init", "partition_class", "partition_classes", "partition_in_task", "IN_TASK_FACTOR"]
+__all__ = ["scalable_kmeans_init", "partition_class", "partition_classes", "partition_in_task", "principal_coordinates",
+           "IN_TASK_FACTOR", "POWER_ITERATIONS"]
 
 log = logging.getLogger("kahm_dask")
 
@@ -163,6 +167,33 @@ def partition_class(
 #: centred copy for the principal coordinates, and slack for the projected rows and k-means.
 IN_TASK_FACTOR = 3
 
+#: Power iterations of the randomized SVD behind :func:`principal_coordinates` (Halko et al.
+#: 2011, Algorithm 4.3: the error of the range falls as (σ_{k+1}/σ_k)^(2q+1)), and its
+#: oversampling (10, their and dask's default).
+POWER_ITERATIONS = 2
+
+
+def principal_coordinates(Xc: da.Array, n_dims: int, seed: np.random.SeedSequence) -> np.ndarray:
+    """The rows of one class (dask array (N_c, p), p > ``n_dims``) in their top ``n_dims``
+    principal coordinates, (N_c, n_dims) float64, computed out of core.
+
+    ``U_k Σ_k`` of a randomized thin SVD of the centred rows ``Xc − x̄``
+    (``dask.array.linalg.svd_compressed``: :data:`POWER_ITERATIONS` power iterations, 10 extra
+    samples, each intermediate computed before the next pass, so the rows are re-read, never
+    held). This is :func:`kahm_dask.partition.kmeans_space` (``(Y − ȳ) V`` with V the top
+    eigenvectors of the centred Gram matrix) up to a rotation and the randomized range's
+    error: exact when the centred rows have rank ≤ ``n_dims``. It costs 2q + 3 passes over the
+    rows (the mean, then 2q + 2 for the SVD) of at most 2·N_c·p·(n_dims + 10) flops each,
+    against a Lloyd pass per k-means iteration of 2·N_c·p·S on all p features. ``seed`` fixes
+    the random test matrix (not private: it shapes the k-means only).
+    """
+    X = Xc.astype(np.float64)
+    mean = X.mean(axis=0).compute()
+    u, sigma, _ = da.linalg.svd_compressed(
+        X - mean, n_dims, n_power_iter=POWER_ITERATIONS, seed=int(seed.generate_state(1)[0]), compute=True
+    )
+    return (u * sigma).compute()
+
 
 def partition_in_task(
     Xc: np.ndarray, n_clusters: int, min_cluster_size: int, seed: np.random.SeedSequence,
@@ -205,8 +236,10 @@ def partition_classes(
     task (``IN_TASK_FACTOR`` × its float64 rows ≤ ``task_bytes``) is partitioned in one task
     by the estimator's own rule (:func:`~kahm_dask.partition.kmeans_partition` with ``n_init``
     and ``kmeans_dims``: the same labels as :class:`~kahm_dask.KAHMClassifier` for the same
-    rows and seed). A larger class is partitioned out of core by :func:`partition_class`
-    (k-means‖ + dask-ml); one whose rows take at most ``persist_bytes`` is held in worker
+    rows and seed). A larger class, when ``kmeans_dims`` < p and three times its (N_c,
+    kmeans_dims) float64 coordinates fit ``task_bytes``, gets the same k-means in one task on
+    its :func:`principal_coordinates`. Any other class is partitioned out of core by
+    :func:`partition_class` (k-means‖ + dask-ml); one whose rows take at most ``persist_bytes`` is held in worker
     memory while its Lloyd iterations run, and such classes run concurrently only as far as
     their held rows fit ``persist_bytes`` together. With ``max_cluster_rows``, a cluster larger
     than that is split (:func:`~kahm_dask.partition.cap_cluster_rows`), which bounds the memory
@@ -214,11 +247,18 @@ def partition_classes(
     """
     labels = np.zeros(X_by_class.shape[0], dtype=np.int64)
     mcs = min_cluster_size or default_min_cluster_size(n_components)
-    row_bytes = X_by_class.dtype.itemsize * X_by_class.shape[1]
+    p = X_by_class.shape[1]
+    row_bytes = X_by_class.dtype.itemsize * p
     jobs = [(c, a, b, n_branches(b - a, block_size, s_rule)) for c, a, b in class_bounds]
     jobs = [job for job in jobs if job[3] > 1]
-    in_task = [job for job in jobs if IN_TASK_FACTOR * (job[2] - job[1]) * 8 * X_by_class.shape[1] <= task_bytes]
-    out_of_core = [job for job in jobs if job not in in_task]
+
+    def fits_task(job: tuple[int, int, int, int], width: int) -> bool:
+        return IN_TASK_FACTOR * (job[2] - job[1]) * 8 * width <= task_bytes
+
+    in_task = [job for job in jobs if fits_task(job, p)]
+    projected = ([job for job in jobs if job not in in_task and fits_task(job, kmeans_dims)]
+                 if kmeans_dims is not None and p > kmeans_dims else [])
+    out_of_core = [job for job in jobs if job not in in_task and job not in projected]
     if in_task:
         tasks = [
             dask.delayed(partition_in_task, pure=True)(X_by_class[a:b], S, mcs, child_seed_sequence(seed, c),
@@ -227,6 +267,12 @@ def partition_classes(
         ]
         for (_, a, b, _), part in zip(in_task, dask.compute(*tasks), strict=True):
             labels[a:b] = part
+
+    def project_class(job: tuple[int, int, int, int]) -> None:
+        c, a, b, S = job
+        class_seed = child_seed_sequence(seed, c)
+        Z = principal_coordinates(X_by_class[a:b], kmeans_dims, class_seed)
+        labels[a:b] = dask.delayed(partition_in_task, pure=True)(Z, S, mcs, class_seed, n_init, None).compute()
     held = [(b - a) * row_bytes for _, a, b, _ in out_of_core if (b - a) * row_bytes <= persist_bytes]
     concurrency = max_concurrent_classes if not held else persist_bytes // max(held)
 
@@ -245,8 +291,10 @@ def partition_classes(
             max_iter=max_iter,
         )
 
-    # Classes are independent: fitting them concurrently overlaps dask-ml's per-iteration
-    # scheduling latency (each Lloyd step is a small graph). Results do not depend on order.
+    # Classes are independent: fitting them concurrently overlaps the per-pass scheduling
+    # latency (each SVD pass and Lloyd step is a small graph). Results do not depend on order.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(projected), max_concurrent_classes))) as pool:
+        list(pool.map(project_class, projected))
     with ThreadPoolExecutor(max_workers=max(1, min(len(out_of_core), concurrency, max_concurrent_classes))) as pool:
         list(pool.map(one_class, out_of_core))
     for _, a, b in class_bounds:

@@ -76,17 +76,20 @@ def test_pipeline_one_worker_equals_two_workers(tmp_path, baseline_run, baseline
 
 
 @pytest.mark.slow
-def test_dask_ml_partition_is_the_same_on_threads_one_and_two_workers():
-    """The k-means partition (dask-ml, k-means||) is the only stage with a reduction whose
-    order could depend on the cluster; its labels must not (a resumed run recomputes it)."""
+@pytest.mark.parametrize("route", ["dask-ml", "principal coordinates"])
+def test_out_of_core_partition_is_the_same_on_threads_one_and_two_workers(route):
+    """The out-of-core k-means partition (dask-ml with k-means||, or the randomized SVD behind
+    the principal coordinates) is the only stage with reductions whose order could depend on
+    the cluster; its labels must not (a resumed run recomputes it)."""
     from distributed import Client, LocalCluster
 
     from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
     from kahm_dask.pipeline.training.partition import partition_classes
 
-    X, y = synthetic_blobs(600, 8, 1, seed=3, chunk_rows=150)  # one class, S = 2
+    p, extra = (8, {}) if route == "dask-ml" else (64, {"kmeans_dims": 10, "task_bytes": 3 * 600 * 8 * 10})
+    X, y = synthetic_blobs(600, p, 1, seed=3, chunk_rows=150)  # one class, S = 2
     kw = dict(n_components=5, block_size=300, s_rule="round", min_cluster_size=None,
-              seed=np.random.SeedSequence(17), init_max_iter=2, max_iter=10)
+              seed=np.random.SeedSequence(17), init_max_iter=2, max_iter=10, **extra)
     bounds = [(0, 0, X.shape[0])]
     labels = [partition_classes(X, bounds, **kw)]
     for n_workers in (1, 2):

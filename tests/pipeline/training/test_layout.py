@@ -91,3 +91,56 @@ def test_high_dimensional_modes_split_without_tiny_clusters():
                              init_max_iter=3, max_iter=20)
     sizes = np.bincount(labels)
     assert sizes.size == 6 and sizes.min() >= 100, sizes  # S = 6 kept at the first attempt
+
+
+def _low_rank_classes(n_per_class=400, p=80, rank=8, seed=6):
+    """Three classes of rows with rank-``rank`` centred structure in ``p`` features (two blobs
+    each), and the class-grouped layout."""
+    rng = np.random.default_rng(seed)
+    X, y = [], []
+    for c in range(3):
+        basis = np.linalg.qr(rng.standard_normal((p, rank)))[0].T  # (rank, p), orthonormal rows
+        coords = rng.standard_normal((n_per_class, rank)) + 6.0 * (rng.random(n_per_class) < 0.5)[:, None]
+        X.append(coords @ basis + rng.standard_normal(p))
+        y.append(np.full(n_per_class, c))
+    return np.vstack(X), np.concatenate(y)
+
+
+def test_out_of_core_principal_coordinates_keep_every_distance_of_low_rank_rows():
+    """On rows whose centred rank is at most n_dims the randomized range is exact, so the
+    coordinates are an isometry of the centred rows: their Gram matrices agree up to the
+    rounding of the 2q + 3 passes (bound: 10·u·N·p for each, and one more, relative to the
+    largest entry)."""
+    from kahm_dask.pipeline.training.partition import POWER_ITERATIONS, principal_coordinates
+
+    X, _ = _low_rank_classes()
+    Y = X[:400]
+    Z = principal_coordinates(da.from_array(Y, chunks=(96, -1)), 20, np.random.SeedSequence(1))
+    Yc = Y - Y.mean(axis=0)
+    gram = Yc @ Yc.T
+    N, p = Y.shape
+    bound = 10 * np.finfo(float).eps * N * p * (2 * POWER_ITERATIONS + 4) * np.abs(gram).max()
+    assert Z.shape == (N, 20)
+    assert np.abs(Z @ Z.T - gram).max() <= bound
+
+
+def test_a_class_too_large_for_a_task_is_clustered_in_its_principal_coordinates(monkeypatch):
+    """A class whose rows exceed a task but whose kmeans_dims coordinates fit one gets the
+    estimator's k-means on out-of-core principal coordinates (no dask-ml): on rows of rank ≤
+    kmeans_dims those are an isometry of the rows the estimator clusters, so the labels are the
+    ones the in-task route gives."""
+    import kahm_dask.pipeline.training.partition as partition_mod
+
+    X, y = _low_rank_classes()
+    layout = class_layout(y)
+    Xg = da.from_array(X[layout.order], chunks=(96, -1))
+    kw = dict(n_components=5, block_size=200, s_rule="round", min_cluster_size=None,
+              seed=np.random.SeedSequence(9), kmeans_dims=20)
+    in_task = partition_classes(Xg, layout.bounds, task_bytes=3 * 400 * 8 * 80, **kw)
+    monkeypatch.setattr(partition_mod, "partition_class", None)  # the dask-ml route would fail
+    projected = partition_classes(Xg, layout.bounds, task_bytes=3 * 400 * 8 * 20, **kw)
+    for _, a, b in layout.bounds:
+        assert projected[a:b].max() == 1  # S = round(400 / 200) = 2 clusters: k-means ran
+    np.testing.assert_array_equal(projected, in_task)
+    with pytest.raises(TypeError):  # and below that, the class takes the dask-ml route
+        partition_classes(Xg, layout.bounds, task_bytes=3 * 400 * 8 * 20 - 1, **kw)
