@@ -87,6 +87,27 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
+REPORTS = RESULTS / "reports"
+
+
+@contextmanager
+def dask_report(name: str):
+    """Dask's ``performance_report`` of the block (task stream, worker profiles, bandwidth) written to
+    ``benchmarks/results/reports/<name>.html``; yields that path, or None when Bokeh, which Dask
+    renders the report with, is not installed (``pip install ".[bench]"``)."""
+    try:
+        import bokeh  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    from distributed import performance_report
+
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    path = REPORTS / f"{name}.html"
+    with performance_report(filename=str(path)):
+        yield path
+
+
 def write_report(name: str, title: str, facts: dict[str, str], sections: Sequence[tuple[str, str]]) -> Path:
     """Write ``benchmarks/results/<name>.md`` with the facts and the tables; return the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)

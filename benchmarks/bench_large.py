@@ -3,7 +3,8 @@
 Runs ``pipelines/large_synthetic.yaml`` (or ``--pipeline``) on a LocalCluster of 2 workers
 capped at 1 GiB each, and records the data size, every stage's time, the peak resident memory
 of each worker process and whether any worker was lost (killed by the nanny for exceeding its
-memory limit, or crashed), and the size of the model store on disk. Writes
+memory limit, or crashed), the size of the model store on disk and, with Bokeh installed, Dask's
+``performance_report`` of the run (``benchmarks/results/reports/<name>.html``). Writes
 ``benchmarks/results/large.md``, or ``large_dp.md`` for a DP run (``--epsilon``: secure discrete
 Laplace noise on the whole 4 GiB matrix; the models are fitted on the noisy rows, the library's
 default, or with ``--dp-data fabricated`` on rows fabricated with ``r_value`` = 4 smoother passes).
@@ -27,10 +28,10 @@ from pathlib import Path
 from distributed.diagnostics import MemorySampler
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from benchmarks._harness import machine_facts, markdown_table, write_report
+from benchmarks._harness import dask_report, machine_facts, markdown_table, write_report
+from kahm_dask.params import PARAMS
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import load_config
-from kahm_dask.params import PARAMS
 from kahm_dask.pipeline.runs.central import run_pipeline
 from kahm_dask.pipeline.runs.layout import run_paths
 
@@ -98,6 +99,8 @@ def main(argv=None) -> None:
             overrides["privacy.r_value"] = FABRICATION_PASSES
     if overrides:
         cfg = cfg.with_overrides(**overrides)
+    dp = cfg.privacy.epsilon is not None
+    name = args.name or ("large_dp" if dp else "large")
     syn = cfg.data.synthetic
     data_gib = syn.n_samples * syn.n_features * (4 if syn.dtype == "float32" else 8) / 2**30
     facts = machine_facts(1)
@@ -108,7 +111,7 @@ def main(argv=None) -> None:
         info = client.scheduler_info()["workers"]
         limit_gib = sum(w["memory_limit"] for w in info.values()) / 2**30
         sampler = MemorySampler()
-        with sampler.sample("cluster", interval=1.0):
+        with sampler.sample("cluster", interval=1.0), dask_report(name) as report:
             metrics = run_pipeline(cfg, client, progress=False)
         peaks = client.run(_peak_rss_mib)
         removed = client.run_on_scheduler(
@@ -133,12 +136,13 @@ def main(argv=None) -> None:
         ["total s (with cluster start)", round(total_s, 1)],
         ["test accuracy", round(metrics["accuracy"], 4)],
         ["attack AUC", round(metrics.get("attack_auc", float("nan")), 4)],
+        ["Dask performance report", "not written (Bokeh is not installed)" if report is None
+         else f"[{report.name}](reports/{report.name})"],
     ]
-    dp = cfg.privacy.epsilon is not None
     if dp:
         rows.insert(0, ["privacy", f"ε = {cfg.privacy.epsilon:g} per entry, {cfg.privacy.dp_data} rows"])
     path = write_report(
-        args.name or ("large_dp" if dp else "large"),
+        name,
         "Larger-than-memory pipeline run" + (" with DP" if dp else ""),
         facts,
         [("Result", markdown_table(["quantity", "value"], rows))] + ([("Notes", DP_NOTES)] if dp else []),

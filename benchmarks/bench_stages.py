@@ -11,8 +11,10 @@ evenly over the W workers:
 
 The pipeline runs on ``connect`` (a LocalCluster of W single-threaded worker processes, as users
 get it), with its stage times (``train_pipeline``'s summary) and the Dask task stream (tasks per
-stage, counted by start time). ``measured / floor`` says how far each stage is from the machine;
-what a stage adds to its floor (scheduling, serialisation, copies through Zarr) is the gap.
+stage, counted by start time). With Bokeh installed (``pip install ".[bench]"``), Dask's
+``performance_report`` of the fit and of the prediction is kept in ``benchmarks/results/reports/``.
+``measured / floor`` says how far each stage is from the machine; what a stage adds to its floor
+(scheduling, serialisation, copies through Zarr) is the gap.
 
     python -m benchmarks.bench_stages [--n-train 60000] [--workers 2] [--name stages]
 """
@@ -32,6 +34,7 @@ import zarr
 from benchmarks._harness import (
     CACHE,
     blas_threads,
+    dask_report,
     layer_predict_flops,
     load_mnist,
     machine_facts,
@@ -140,15 +143,16 @@ def run(args) -> dict:
         params = TrainParams(20, 1)
         settings = TrainSettings(params, seed=0, block_size=1000)
         with connect(ClusterConfig(n_workers=W, threads_per_worker=1, processes=True)) as client:
-            with get_task_stream(client) as fit_stream:
+            with get_task_stream(client) as fit_stream, dask_report(f"{args.name}-fit") as fit_report:
                 start = time.time()
                 t0 = time.perf_counter()
                 summary = train_pipeline(train, tmp / "model.zarr", tmp / "work", settings, client)
                 out["fit_s"] = time.perf_counter() - t0
-            with get_task_stream(client) as predict_stream:
+            with get_task_stream(client) as predict_stream, dask_report(f"{args.name}-predict") as predict_report:
                 t0 = time.perf_counter()
                 predict_to_store(tmp / "model.zarr", test.X(), tmp / "pred.zarr", client)
                 out["predict_s"] = time.perf_counter() - t0
+            out["reports"] = [r.name for r in (fit_report, predict_report) if r is not None]
         out["stage_seconds"] = summary["stage_seconds"]
         out["train_seconds"] = summary["train_seconds"]
         out["n_clusters"] = summary["n_clusters"]
@@ -226,6 +230,8 @@ def main(argv=None) -> None:
         "serial compute, this process": f"k-means {r['serial_kmeans_s']:.1f} s, "
                                         f"cluster fits {r['serial_fit_s']:.1f} s (longest {r['longest_fit_s']:.2f} s)",
         "pipeline": f"fit {r['fit_s']:.1f} s, predict {r['predict_s']:.1f} s; rows held in {r['rows_held']}",
+        "Dask performance reports": ", ".join(f"[{n}](reports/{n})" for n in r["reports"])
+                                    or "not written (Bokeh is not installed)",
     })
     table = markdown_table(["stage", "MiB read", "MiB written", "GFLOP", "tasks", "floor s", "measured s",
                             "measured / floor", "how the floor is counted"], floors(r))
