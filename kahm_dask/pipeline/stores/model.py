@@ -169,8 +169,9 @@ def _write_cluster(where: Location, model: DeepKAHM, info: dict, dp_rows: np.nda
 
 
 async def _write_group(store, layer_states: list, meta: dict, info: dict, dp_rows: np.ndarray | None) -> None:
-    """The group's arrays, written concurrently (one Zarr call would otherwise wait for the
-    last: about 4 ms each for the small ones), then its attributes in one metadata write."""
+    """The group's arrays, written concurrently (written one after another, each small array
+    took about 4 ms, most of it waiting on its files), then its attributes in one metadata
+    write (one per attribute before)."""
     group = await zarr_async.open_group(store, mode="a", zarr_format=3)
     layers = [await group.require_group(f"layer{k}") for k in range(len(layer_states))]
     writes = [

@@ -173,9 +173,10 @@ IN_TASK_FACTOR = 3
 POWER_ITERATIONS = 2
 
 
-def principal_coordinates(Xc: da.Array, n_dims: int, seed: np.random.SeedSequence) -> np.ndarray:
+def principal_coordinates(Xc: da.Array, n_dims: int, seed: np.random.SeedSequence) -> da.Array:
     """The rows of one class (dask array (N_c, p), p > ``n_dims``) in their top ``n_dims``
-    principal coordinates, (N_c, n_dims) float64, computed out of core.
+    principal coordinates, a dask array (N_c, n_dims) float64 whose inputs are already computed
+    on the workers (a task that takes it gets it from there, not through the client).
 
     ``U_k Σ_k`` of a randomized thin SVD of the centred rows ``Xc − x̄``
     (``dask.array.linalg.svd_compressed``: :data:`POWER_ITERATIONS` power iterations, 10 extra
@@ -192,7 +193,7 @@ def principal_coordinates(Xc: da.Array, n_dims: int, seed: np.random.SeedSequenc
     u, sigma, _ = da.linalg.svd_compressed(
         X - mean, n_dims, n_power_iter=POWER_ITERATIONS, seed=int(seed.generate_state(1)[0]), compute=True
     )
-    return (u * sigma).compute()
+    return u * sigma
 
 
 def partition_in_task(

@@ -115,7 +115,7 @@ def test_out_of_core_principal_coordinates_keep_every_distance_of_low_rank_rows(
 
     X, _ = _low_rank_classes()
     Y = X[:400]
-    Z = principal_coordinates(da.from_array(Y, chunks=(96, -1)), 20, np.random.SeedSequence(1))
+    Z = principal_coordinates(da.from_array(Y, chunks=(96, -1)), 20, np.random.SeedSequence(1)).compute()
     Yc = Y - Y.mean(axis=0)
     gram = Yc @ Yc.T
     N, p = Y.shape
