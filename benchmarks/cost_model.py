@@ -10,21 +10,24 @@ stage                  f(N, W)                         why
 =====================  ==============================  =============================================
 ingest                 N · p / W                       every entry generated and written once
 copy rows by class     N · p / W                       every entry read and written once
-k-means per class      N · p / W  +  G / W             each Lloyd step and k-means‖ round reads
-                                                       the class (the first term, fitted); G is the
-                                                       distance GEMMs' 2 · n_pass · N · S · p flops
-                                                       at the one-core GEMM rate (not fitted)
+k-means per class      N · p / W  +  G                 the randomized SVD's passes over each class
+                                                       (the first term, fitted); G is the in-task
+                                                       k-means on the (N / C, k) coordinates:
+                                                       ⌈C / W⌉ classes per worker, each
+                                                       2 · n_it · (N / C) · S · k flops at the
+                                                       one-core GEMM rate (counted, not fitted)
 copy rows by cluster   N · p / W                       every entry read and written once
 cluster tasks          K · N_b² · (N_b + p) / W        one KAHM fit per cluster (Gram matrix,
                        (∝ N / W)                       its eigendecomposition, β)
 predict                m · K · N_b · p / W  (∝ m N)    every test row against every cluster's rows
 =====================  ==============================  =============================================
 
-The k-means's GEMM term is counted, not fitted: n_pass = ``partition.init_max_iter`` + 2 +
-``partition.max_iter`` passes of every class (an upper bound: Lloyd's iterations may stop
-early), at the float64 GEMM rate of one core that ``bench_stages`` measured (``stages.md``). At the
-runs' sizes (S ≤ 26 centres per class) it is a few percent of the stage; at 100 GiB (S ≈ 655) it
-is most of it, which a fitted N² law would overstate and a fitted N law would miss.
+The k-means's GEMM term is counted, not fitted: each class's k-means runs in one task on its
+k = ``kmeans_dims`` = 50 principal coordinates (docs/design.md, "A large class is clustered in its
+principal coordinates"), n_it = 50 Lloyd iterations assumed (scikit-learn stops at its tolerance,
+usually sooner), at the float64 GEMM rate of one core that ``bench_stages`` measured
+(``stages.md``). It grows as N², but with k = 50 instead of p = 4096: at the runs' sizes (S ≤ 26
+centres per class) it is a fraction of a second, at 100 GiB (S ≈ 655) tens of seconds.
 
 The constants ``a`` are fitted on one run (``--calibrate``, default ``large_weak_1``: 1 worker)
 and the model predicts the others from their N and W alone. The runs are those of
@@ -56,9 +59,10 @@ STAGES = {  # results-file row → (stage name, exponent of N in f, depends on m
 FORMULAS = [
     ("ingest", "N · p / W", "every entry generated and written once"),
     ("copy rows by class", "N · p / W", "every entry read and written once"),
-    ("k-means per class", "N · p / W + G / W", "each Lloyd step and k-means‖ round reads a class (fitted) and "
-                                               "compares it with S ∝ N / (C · N_b) centres: G = 2 · n_pass · N · S · p "
-                                               "flops at the one-core GEMM rate (counted)"),
+    ("k-means per class", "N · p / W + G", "the randomized SVD's passes over each class (fitted); G: the k-means "
+                                           "of each class in one task on its (N / C, k) coordinates, ⌈C / W⌉ "
+                                           "classes per worker of 2 · n_it · (N / C) · S · k flops, S ∝ N / (C · N_b), "
+                                           "at the one-core GEMM rate (counted)"),
     ("copy rows by cluster", "N · p / W", "every entry read and written once"),
     ("cluster tasks", "K · N_b² · (N_b + p) / W (∝ N / W)", "one KAHM fit per cluster of about N_b rows"),
     ("predict", "m · K · N_b · p / W (∝ m · N / W)", "every test row against every cluster's rows"),
@@ -67,9 +71,10 @@ FORMULAS = [
 #: The 100 GiB run the model is asked about: float32 rows of 4096 features, 32 workers, 2048 test rows.
 TARGET = {"name": "100 GiB, 32 workers (predicted)", "N": 100 * 2**30 // (4096 * 4), "W": 32, "m": 2048}
 
-#: ``pipelines/large_synthetic.yaml``, which every run uses: features, classes, N_b, and the k-means passes.
+#: ``pipelines/large_synthetic.yaml``, which every run uses: features, classes, N_b; the k-means's
+#: coordinates (``kmeans_dims``) and its assumed Lloyd iterations.
 P, C, N_B = 4096, 10, 1000
-N_PASS = 3 + 2 + 20  # init_max_iter + 2 + max_iter
+K_DIMS, N_IT = 50, 50
 
 
 def gemm_rate() -> float:
@@ -79,9 +84,10 @@ def gemm_rate() -> float:
 
 
 def kmeans_gemm_seconds(run: dict) -> float:
-    """The k-means stage's counted GEMM time on W workers: 2 · n_pass · N · S · p / (W · rate), S = N / (C · N_b)."""
+    """The k-means stage's counted GEMM time on W workers: ⌈C / W⌉ classes per worker, each
+    2 · n_it · (N / C) · S · k flops at the one-core rate, S = N / (C · N_b)."""
     S = max(1.0, run["N"] / (C * N_B))
-    return 2 * N_PASS * run["N"] * S * P / (run["W"] * gemm_rate())
+    return -(-C // run["W"]) * 2 * N_IT * (run["N"] / C) * S * K_DIMS / gemm_rate()
 
 
 def read_run(name: str) -> dict:
