@@ -90,6 +90,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 REPORTS = RESULTS / "reports"
 
 
+def tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (0 if it does not exist)."""
+    return sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file())
+
+
 @contextmanager
 def dask_report(name: str):
     """Dask's ``performance_report`` of the block (task stream, worker profiles, bandwidth) written to

@@ -28,7 +28,7 @@ from pathlib import Path
 from distributed.diagnostics import MemorySampler
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from benchmarks._harness import dask_report, machine_facts, markdown_table, write_report
+from benchmarks._harness import dask_report, machine_facts, markdown_table, tree_bytes, write_report
 from kahm_dask.params import PARAMS
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import load_config
@@ -61,11 +61,6 @@ DP_NOTES = (
 
 
 FABRICATION_PASSES = 4  # r_value of a fabricated run: a cost knob like n_layers
-
-
-def _tree_bytes(root: Path) -> int:
-    """Bytes of the files under ``root`` (0 if it does not exist)."""
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def _peak_rss_mib() -> float:
@@ -119,7 +114,7 @@ def main(argv=None) -> None:
         )
         series = sampler.to_pandas()
     total_s = time.perf_counter() - t0
-    store_gib = _tree_bytes(run_paths(cfg.output, cfg.privacy.epsilon is not None).model) / 2**30
+    store_gib = tree_bytes(run_paths(cfg.output, dp).model) / 2**30
     rows = [
         ["training data", f"{syn.n_samples - metrics['n_test']} × {syn.n_features} {syn.dtype}"],
         ["data size (all rows)", f"{data_gib:.2f} GiB"],

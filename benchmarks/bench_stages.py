@@ -40,15 +40,12 @@ from benchmarks._harness import (
     machine_facts,
     markdown_table,
     matmul_rates,
+    tree_bytes,
     write_report,
 )
 
 STAGES = ("ingest", "copy rows by class", "k-means per class", "copy rows by cluster",
           "rows by class and k-means, in worker memory", "cluster tasks", "predict (exhaustive)")
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def io_rates(X: np.ndarray, chunk_rows: int, where: Path) -> tuple[float, float]:
@@ -165,8 +162,8 @@ def run(args) -> dict:
         tasks["predict (exhaustive)"] = len(predict_stream.data)
         out["tasks"] = tasks
         out["data_bytes"] = X.nbytes  # float64, as written
-        out["data_stored_bytes"] = _dir_bytes(tmp / "train.zarr")
-        out["model_bytes"] = _dir_bytes(tmp / "model.zarr")
+        out["data_stored_bytes"] = tree_bytes(tmp / "train.zarr")
+        out["model_bytes"] = tree_bytes(tmp / "model.zarr")
         out["test_bytes"] = Xt.nbytes
         out["predict_gflop"] = predict_flops(tmp / "model.zarr", len(Xt)) / 1e9
         out["rows_held"] = summary["rows_held"]

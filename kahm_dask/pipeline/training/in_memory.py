@@ -36,7 +36,7 @@ from dask.delayed import Delayed
 from kahm_dask._random import child_seed_sequence
 from kahm_dask.partition import cap_cluster_rows, default_min_cluster_size, n_branches
 from kahm_dask.pipeline.training.layout import ClassLayout
-from kahm_dask.pipeline.training.partition import IN_TASK_FACTOR, partition_in_task
+from kahm_dask.pipeline.training.partition import fits_one_task, partition_in_task
 
 __all__ = ["ClassClusters", "cluster_class", "fits_in_memory", "partition_in_memory"]
 
@@ -57,12 +57,12 @@ class ClassClusters:
 def fits_in_memory(sources: Mapping[str, da.Array], layout: ClassLayout, *, task_bytes: int,
                    persist_bytes: int) -> bool:
     """Whether the in-memory route applies: every class's k-means fits one task
-    (``IN_TASK_FACTOR`` × its float64 rows ≤ ``task_bytes``, the Zarr route's in-task rule) and
+    (:func:`~kahm_dask.pipeline.training.partition.fits_one_task`, the Zarr route's in-task rule) and
     the stored rows of all ``sources`` take at most ``persist_bytes`` together."""
     p = next(iter(sources.values())).shape[1]
     largest = max(b - a for _, a, b in layout.bounds)
     held = sum(x.nbytes for x in sources.values())
-    return persist_bytes > 0 and IN_TASK_FACTOR * largest * 8 * p <= task_bytes and held <= persist_bytes
+    return persist_bytes > 0 and fits_one_task(largest, p, task_bytes) and held <= persist_bytes
 
 
 def _split_by_class(block: np.ndarray, codes: np.ndarray, classes: tuple[int, ...]) -> tuple[np.ndarray, ...]:

@@ -46,7 +46,7 @@ from kahm_dask.partition import (
 )
 
 __all__ = ["scalable_kmeans_init", "partition_class", "partition_classes", "partition_in_task", "principal_coordinates",
-           "IN_TASK_FACTOR", "POWER_ITERATIONS"]
+           "fits_one_task", "IN_TASK_FACTOR", "POWER_ITERATIONS"]
 
 log = logging.getLogger("kahm_dask")
 
@@ -167,6 +167,12 @@ def partition_class(
 #: centred copy for the principal coordinates, and slack for the projected rows and k-means.
 IN_TASK_FACTOR = 3
 
+
+def fits_one_task(n_rows: int, width: int, task_bytes: int) -> bool:
+    """Whether a k-means of ``n_rows`` rows of ``width`` features runs in one task:
+    ``IN_TASK_FACTOR`` × their float64 bytes ≤ ``task_bytes``."""
+    return IN_TASK_FACTOR * n_rows * 8 * width <= task_bytes
+
 #: Power iterations of the randomized SVD behind :func:`principal_coordinates` (Halko et al.
 #: 2011, Algorithm 4.3: the error of the range falls as (σ_{k+1}/σ_k)^(2q+1)), and its
 #: oversampling (10, their and dask's default).
@@ -252,12 +258,8 @@ def partition_classes(
     row_bytes = X_by_class.dtype.itemsize * p
     jobs = [(c, a, b, n_branches(b - a, block_size, s_rule)) for c, a, b in class_bounds]
     jobs = [job for job in jobs if job[3] > 1]
-
-    def fits_task(job: tuple[int, int, int, int], width: int) -> bool:
-        return IN_TASK_FACTOR * (job[2] - job[1]) * 8 * width <= task_bytes
-
-    in_task = [job for job in jobs if fits_task(job, p)]
-    projected = ([job for job in jobs if job not in in_task and fits_task(job, kmeans_dims)]
+    in_task = [job for job in jobs if fits_one_task(job[2] - job[1], p, task_bytes)]
+    projected = ([job for job in jobs if job not in in_task and fits_one_task(job[2] - job[1], kmeans_dims, task_bytes)]
                  if kmeans_dims is not None and p > kmeans_dims else [])
     out_of_core = [job for job in jobs if job not in in_task and job not in projected]
     if in_task:
