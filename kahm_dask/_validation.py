@@ -17,6 +17,8 @@ from sklearn.utils.validation import check_array
 
 __all__ = [
     "as_data_matrix",
+    "as_float_rows",
+    "weights_dtype",
     "check_n_rows",
     "check_positive_int",
     "check_positive_float",
@@ -62,6 +64,23 @@ def as_data_matrix(Y: Any, name: str = "Y", *, min_rows: int = 1) -> np.ndarray:
         )
     except ValueError as exc:
         raise ValueError(f"Invalid {name}: {exc}") from None
+
+
+def weights_dtype(Y: Any) -> np.dtype:
+    """The precision a model fitted on the rows ``Y`` keeps its kernel weights β in
+    (docs/algorithm.md#weights-precision): float32 for float32 rows, float64 for anything else.
+
+    Checked before :func:`as_data_matrix` turns ``Y`` into float64, so that float32 data give a
+    model stored at the data's size (scikit-learn's habit of preserving float32).
+    """
+    return np.dtype(np.float32) if getattr(Y, "dtype", None) == np.float32 else np.dtype(np.float64)
+
+
+def as_float_rows(x: Any) -> np.ndarray:
+    """``x`` as an array in its own float dtype (float32 or float64), other numbers as float64:
+    the rows a cluster's fit reads, so that :func:`weights_dtype` still sees the stored dtype."""
+    x = np.asarray(x)
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
 
 
 def check_n_rows(n_rows: int, min_rows: int, what: str) -> None:

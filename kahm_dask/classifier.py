@@ -268,7 +268,7 @@ class KAHMClassifier(KAHMClassifierBase):
         """
         self._check_params()
         y = check_label_types(y)
-        X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2)
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=2)
         check_n_components(self.n_components, X.shape[1], stacklevel=2)
         check_classification_targets(y)
         self.classes_, y_idx = np.unique(y, return_inverse=True)
@@ -337,12 +337,13 @@ class KAHMClassifier(KAHMClassifierBase):
         (:meth:`TrainParams.fit_cluster <kahm_dask.recipe.TrainParams.fit_cluster>`) per part
         (docs/algorithm.md#pipeline).
         """
-        data = as_data_matrix(X_c if X_noisy_c is None else X_noisy_c, "X")
-        on_private = X_noisy_c is None or self.cluster_on == "original"
-        branch, ids = wide.branch_labels(X_c if on_private else data, part)
+        rows = X_c if X_noisy_c is None else X_noisy_c  # in the data's dtype: the weights' precision
+        data = as_data_matrix(rows, "X")
+        on_private = X_noisy_c is not None and self.cluster_on == "original"
+        branch, ids = wide.branch_labels(as_data_matrix(X_c, "X") if on_private else data, part)
         fits = [
             recipe.fit_cluster(
-                data[branch == s],
+                rows[branch == s],
                 X_c[branch == s] if recipe.reads_private_rows else None,
             )
             for s in ids
@@ -350,7 +351,7 @@ class KAHMClassifier(KAHMClassifierBase):
         model = wide.assemble([fit.model for fit in fits], branch)
         if not recipe.private:
             return model, None, None
-        dp = np.empty_like(data)
+        dp = np.empty_like(rows)
         for s, fit in zip(ids, fits, strict=True):
             dp[branch == s] = fit.dp_rows
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
@@ -380,7 +381,7 @@ class KAHMClassifier(KAHMClassifierBase):
             insecure_noise=self.insecure_noise_seed is not None,
             stacklevel=3,
         )
-        X_noisy = release.mechanism.release(X, as_noise_source(self.insecure_noise_seed))
+        X_noisy = release.mechanism.release(X, as_noise_source(self.insecure_noise_seed), dtype=X.dtype)
         self.privacy_statement_ = release.statement
         return X_noisy
 

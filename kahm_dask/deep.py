@@ -16,7 +16,7 @@ from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
-from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows
+from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows, weights_dtype
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, eval_dtype, principal_subspace
 from kahm_dask.params import check_estimator_params, parameter_constraints
 from kahm_dask.partition import (
@@ -194,11 +194,13 @@ class DeepKAHM(_BatchEvaluator):
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Y, y=None) -> DeepKAHM:
         """Fit L KAHMs to ``Y`` (N, p)."""
-        Y = as_data_matrix(Y, "Y")
-        self._fit_validated(Y)
+        dtype = weights_dtype(Y)
+        self._fit_validated(as_data_matrix(Y, "Y"), dtype)
         return self
 
-    def _fit_validated(self, Y: np.ndarray) -> DeepKAHM:
+    def _fit_validated(self, Y: np.ndarray, beta_dtype: np.dtype | type = np.float64) -> DeepKAHM:
+        """Fit on validated ``Y``; ``beta_dtype`` is every layer's weight precision
+        (:meth:`KAHM._fit_subspace`)."""
         subspace = principal_subspace(Y, self.n_components, self.min_range)
         by_dim: dict[int, KAHM] = {}
         layers = []
@@ -206,7 +208,7 @@ class DeepKAHM(_BatchEvaluator):
             dim = min(n_l, subspace.n_cap)
             if dim not in by_dim:
                 layer = self._kahm()  # its parameters are this model's, checked by its fit
-                layer._fit_subspace(Y, subspace, dim)
+                layer._fit_subspace(Y, subspace, dim, beta_dtype=beta_dtype)
                 by_dim[dim] = layer
             layers.append(by_dim[dim])
         self.layers_ = layers
@@ -393,10 +395,11 @@ class WideKAHM(_BatchEvaluator):
         ``partition`` : optional (N,) integer branch labels that replace the k-means
         partition (e.g. labels computed by the Dask pipeline); each branch needs ≥ 2 rows.
         """
+        dtype = weights_dtype(Y)
         Y = as_data_matrix(Y, "Y")
         check_n_rows(Y.shape[0], 2, "Y")
         labels, ids = self.branch_labels(Y, partition)
-        return self.assemble([self._deep()._fit_validated(Y[labels == s]) for s in ids], labels)
+        return self.assemble([self._deep()._fit_validated(Y[labels == s], dtype) for s in ids], labels)
 
     def branch_labels(self, Y: np.ndarray, partition=None) -> tuple[np.ndarray, np.ndarray]:
         """Branch labels (N,) of validated ``Y`` (N, p) and their sorted distinct values (S,).

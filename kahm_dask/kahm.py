@@ -24,6 +24,7 @@ from kahm_dask._batching import row_chunks
 from kahm_dask._validation import (
     as_data_matrix,
     check_n_features,
+    weights_dtype,
 )
 from kahm_dask.kernel import gaussian_kernel_matrix, kernel_scale
 from kahm_dask.params import check_params, parameter_constraints
@@ -299,9 +300,10 @@ class KAHM(TransformerMixin, BaseEstimator):
         return self._fit(Y, training_images=True)
 
     def _fit(self, Y, training_images: bool = False) -> np.ndarray | None:
+        dtype = weights_dtype(Y)
         Y = as_data_matrix(Y, "Y")
         subspace = principal_subspace(Y, self.n_components, self.min_range)
-        return self._fit_subspace(Y, subspace, self.n_components, training_images)
+        return self._fit_subspace(Y, subspace, self.n_components, training_images, dtype)
 
     def _fit_subspace(
         self,
@@ -309,11 +311,15 @@ class KAHM(TransformerMixin, BaseEstimator):
         subspace: PrincipalSubspace,
         n: int,
         training_images: bool = False,
+        beta_dtype: np.dtype | type = np.float64,
     ) -> np.ndarray | None:
         """Fit on validated ``Y`` with a precomputed PCA; ``n`` is capped by ``subspace``.
 
         Shared by the layers of a deep KAHM, which all model the same ``Y``
-        (docs/algorithm.md#deep-kahm).
+        (docs/algorithm.md#deep-kahm). ``beta_dtype`` float32 (float32 training rows,
+        :func:`~kahm_dask._validation.weights_dtype`) rounds β to float32 once, before anything
+        is computed from it: the model is then the same whether it stays in memory or is
+        stored at the data's size and loaded (docs/algorithm.md#weights-precision).
         """
         N, p = Y.shape
         n = min(n, subspace.n_cap)
@@ -364,6 +370,8 @@ class KAHM(TransformerMixin, BaseEstimator):
         C /= (mu + lam)[:, None]  # in place: C is not needed afterwards
         self.beta_ = U @ C
         del C, U
+        if np.dtype(beta_dtype) == np.float32:  # held in float64, exactly float32 values
+            self.beta_[...] = self.beta_.astype(np.float32)
         self.n_samples_fit_ = N
         self.n_features_in_ = p
         self._set_derived()
@@ -445,10 +453,16 @@ class KAHM(TransformerMixin, BaseEstimator):
         """The fitted state as arrays and scalars, for storage (no I/O here).
 
         Arrays: mean (p,), components (n, p), explained_variance (n,), codes (N, n),
-        beta (N, p + 1), kernel_eigenvalues (N,). Everything else is derived on load.
+        beta (N, p + 1), kernel_eigenvalues (N,); all float64 but beta, which is float32 when
+        its values are (a fit on float32 rows, docs/algorithm.md#weights-precision): the store
+        then holds the model at about the data's size, and loading gives back the same values.
+        Everything else is derived on load.
         """
         check_is_fitted(self, "beta_")
         arrays = {k.rstrip("_"): getattr(self, k) for k in self._STATE_ARRAYS}
+        beta32 = self.beta_.astype(np.float32)
+        if np.array_equal(beta32, self.beta_):  # exactly representable: nothing is lost
+            arrays["beta"] = beta32
         scalars = {k.rstrip("_"): getattr(self, k) for k in self._STATE_SCALARS}
         scalars = {k: (int(v) if isinstance(v, (int, np.integer)) else float(v)) for k, v in scalars.items()}
         return arrays, {**scalars, "params": self.get_params()}

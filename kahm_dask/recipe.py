@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kahm_dask._validation import as_data_matrix
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.params import PARAMS, unused_fabrication_settings
 from kahm_dask.privacy.fabrication import fabricate_subset
@@ -112,12 +113,16 @@ class TrainParams:
         rows : (N_s, p) the cluster's noisy rows ``Y⁺_s`` when private, else its original rows.
         private_rows : (N_s, p) its original rows, aligned with ``rows``; read only when
             :attr:`reads_private_rows` (pass None otherwise, so they need not be loaded).
+
+        The model's weights are kept in the precision of the rows it is fitted on: ``rows``'
+        dtype (float32 rows give float32 weights), or float64 for fabricated rows
+        (docs/algorithm.md#weights-precision).
         """
         dp_rows, n_passes = (rows if self.private else None), None
         if self.fabricates:
-            result = fabricate_subset(
-                private_rows if self.reads_private_rows else None,
-                rows,
+            result = fabricate_subset(  # in float64; the fabricated rows (and weights) are float64
+                as_data_matrix(private_rows, "X") if self.reads_private_rows and private_rows is not None else None,
+                as_data_matrix(rows, "X_noisy"),
                 self.n_components,
                 r_source=self.r_source,
                 r_value=self.r_value,

@@ -352,7 +352,7 @@ persist_fraction : the partition's
             self.n_features_in_ = int(X.shape[1])
             return X, y
         y = check_label_types(y)
-        X, y = validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2)
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=2)
         check_classification_targets(y)
         return X, y
 

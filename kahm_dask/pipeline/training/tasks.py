@@ -23,6 +23,7 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
+from kahm_dask._validation import as_float_rows
 from kahm_dask.pipeline.stores.model import cluster_done, save_cluster
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.location import LocationLike, as_location
@@ -35,7 +36,7 @@ GROUPED_X_NOISY = "grouped_X_noisy"
 
 def _read_slice(work_path: LocationLike, name: str, start: int, stop: int) -> np.ndarray:
     arr = zarr.open_array((as_location(work_path) / name).zarr_store(read_only=True), mode="r")
-    return np.asarray(arr[start:stop], dtype=np.float64)
+    return as_float_rows(arr[start:stop])  # the stored dtype sets the weights' (weights_dtype)
 
 
 def train_cluster(
@@ -63,7 +64,7 @@ def train_cluster_rows(rows: Mapping[str, np.ndarray], model_path: LocationLike,
     """:func:`train_cluster` on rows held in memory: ``rows`` maps ``"X_noisy"`` (DP runs) and
     ``"X"`` (where the recipe reads private rows) to the cluster's (N_cs, p) rows
     (:mod:`~kahm_dask.pipeline.training.in_memory`); returns the same dict."""
-    return _train(lambda: {name: np.asarray(rows[name], dtype=np.float64) for name in _sources(params)},
+    return _train(lambda: {name: as_float_rows(rows[name]) for name in _sources(params)},
                   model_path, c, s, params)
 
 

@@ -269,3 +269,27 @@ def test_model_chunks_are_whole_rows_within_the_cap(shape):
 
 def test_a_scalar_model_array_is_one_chunk():
     assert model_chunks(np.float64(1.0).reshape(())) == ()
+
+
+def test_a_model_of_float32_rows_is_stored_at_the_data_size_and_loads_to_the_same_model(tmp_path):
+    """Float32 rows give weights β of float32 values (docs/algorithm.md#weights-precision): the
+    store keeps β as float32, so a cluster's arrays take about the rows' bytes (β is N × (p + 1)
+    of the rows' N × p; codes, eigenvalues and the subspace add N·(n + 1) + O(n·p) float64, a few
+    percent when p ≫ 2(n + 1), as in images), and the loaded model is the fitted one value for
+    value. A model of float64 rows keeps float64 β."""
+    rows = RNG.random((300, 256)).astype(np.float32)
+    fitted = DeepKAHM(5, 1).fit(rows)
+    save_cluster(tmp_path / "m", 0, 0, fitted, {"class": 0})
+    group = zarr.open_group(str(cluster_dir(tmp_path / "m", 0, 0)), mode="r")
+    arrays = dict(group["layer0"].arrays())
+    assert arrays["beta"].dtype == np.float32
+    stored = sum(arr.nbytes for arr in arrays.values())
+    N, p, n = 300, 256, fitted.layers_[0].n_components_
+    assert stored == 4 * N * (p + 1) + 8 * (N * (n + 1) + n * p + n + p)
+    assert stored <= 1.1 * rows.nbytes
+    loaded = load_cluster(cluster_dir(tmp_path / "m", 0, 0))
+    assert _same_model(fitted, loaded, RNG.random((20, 256)))
+
+    save_cluster(tmp_path / "m64", 0, 0, DeepKAHM(5, 1).fit(rows.astype(np.float64) + 1e-9), {"class": 0})
+    group = zarr.open_group(str(cluster_dir(tmp_path / "m64", 0, 0)), mode="r")
+    assert group["layer0"]["beta"].dtype == np.float64
