@@ -229,7 +229,8 @@ class KAHM(TransformerMixin, BaseEstimator):
     kernel_eigenvalues_ : (N,) eigenvalues μ of K_{YPᵀ}, clipped at 0
     codes_ : (N, n) whitened training codes z = θ^{-1/2} P (y − ȳ)
     beta_ : (N, p + 1) ``(K + λI)^{-1} [Y | 1]``, numerator and denominator weights
-        (docs/algorithm.md#batched-evaluation)
+        (docs/algorithm.md#batched-evaluation); float64, holding float32 values when fitted on
+        float32 rows (docs/algorithm.md#weights-precision)
     training_error_ : float, r = Σ_i ‖y^i − A(y^i)‖ (eq. 101) on the training rows
     n_samples_fit_, n_features_in_ : int
 
