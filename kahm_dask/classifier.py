@@ -351,7 +351,7 @@ class KAHMClassifier(KAHMClassifierBase):
         model = wide.assemble([fit.model for fit in fits], branch)
         if not recipe.private:
             return model, None, None
-        dp = np.empty_like(rows)
+        dp = np.empty(rows.shape, dtype=fits[0].dp_rows.dtype)  # noisy: the rows' dtype; fabricated: float64
         for s, fit in zip(ids, fits, strict=True):
             dp[branch == s] = fit.dp_rows
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None

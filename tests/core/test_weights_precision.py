@@ -83,7 +83,8 @@ def test_rounding_beta_moves_each_distance_by_at_most_its_error_bound():
 
 def test_the_classifier_keeps_float32_rows_and_their_release_in_float32():
     """KAHMClassifier on float32 rows: class models with float32-valued weights, and the DP rows
-    (the release, in the data's dtype like the Dask pipeline's) in float32."""
+    (the release, in the data's dtype like the Dask pipeline's) in float32; fabricated rows are
+    made in float64, and stay float64 with their models' weights."""
     X = np.concatenate([_rows(120), _rows(120) + 3.0])
     y = np.repeat([0, 1], 120)
     clf = KAHMClassifier(n_components=4, random_state=0).fit(X, y)
@@ -91,3 +92,7 @@ def test_the_classifier_keeps_float32_rows_and_their_release_in_float32():
     dp = KAHMClassifier(n_components=4, epsilon=2.0, bounds=(-20.0, 20.0), random_state=0).fit(X, y)
     assert all(rows.dtype == np.float32 for rows in dp.dp_data_.values())
     assert all(_is_float32_valued(layer.beta_) for m in dp.models_ for b in m.branches_ for layer in b.layers_)
+    fab = KAHMClassifier(n_components=4, epsilon=2.0, bounds=(-20.0, 20.0), dp_data="fabricated", max_passes=2,
+                         random_state=0).fit(X, y)
+    assert all(rows.dtype == np.float64 for rows in fab.dp_data_.values())  # made in float64, kept so
+    assert not any(_is_float32_valued(layer.beta_) for m in fab.models_ for b in m.branches_ for layer in b.layers_)
