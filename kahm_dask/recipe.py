@@ -23,7 +23,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kahm_dask._validation import as_data_matrix
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.params import PARAMS, unused_fabrication_settings
 from kahm_dask.privacy.fabrication import fabricate_subset
@@ -120,9 +119,9 @@ class TrainParams:
         """
         dp_rows, n_passes = (rows if self.private else None), None
         if self.fabricates:
-            result = fabricate_subset(  # in float64; the fabricated rows (and weights) are float64
-                as_data_matrix(private_rows, "X") if self.reads_private_rows and private_rows is not None else None,
-                as_data_matrix(rows, "X_noisy"),
+            result = fabricate_subset(  # in float64 (it converts): the fabricated rows and weights are float64
+                private_rows if self.reads_private_rows else None,
+                rows,
                 self.n_components,
                 r_source=self.r_source,
                 r_value=self.r_value,

@@ -66,8 +66,12 @@ class Fabrication(NamedTuple):
 
 
 def modelling_error(Y, n_components: int, *, min_range: float | None = 1e-3) -> float:
-    """``r = Σ_i ‖y^i − A_{Y,n}(y^i)‖`` (eq. 101): a sum of norms, not of squares."""
-    return KAHM(n_components, min_range=min_range).fit(Y).training_error_
+    """``r = Σ_i ‖y^i − A_{Y,n}(y^i)‖`` (eq. 101): a sum of norms, not of squares.
+
+    Computed in float64 whatever ``Y``'s dtype: a threshold for the smoother's float64 passes,
+    not a model to store, so β is not rounded for float32 rows
+    (docs/algorithm.md#weights-precision)."""
+    return KAHM(n_components, min_range=min_range).fit(as_data_matrix(Y, "Y")).training_error_
 
 
 def _kahm_pass(Yh: np.ndarray, n_components: int, min_range: float | None) -> tuple[np.ndarray, float]:

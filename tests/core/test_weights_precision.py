@@ -96,3 +96,13 @@ def test_the_classifier_keeps_float32_rows_and_their_release_in_float32():
                          random_state=0).fit(X, y)
     assert all(rows.dtype == np.float64 for rows in fab.dp_data_.values())  # made in float64, kept so
     assert not any(_is_float32_valued(layer.beta_) for m in fab.models_ for b in m.branches_ for layer in b.layers_)
+
+
+def test_the_smoother_threshold_of_float32_rows_is_their_float64_modelling_error():
+    """r of eq. 101 (the paper's private stopping threshold) is computed in float64 for float32
+    rows too: a threshold, not a stored model, so its KAHM's β is not rounded."""
+    from kahm_dask.privacy.fabrication import modelling_error
+
+    Y32 = _rows()
+    assert modelling_error(Y32, 6) == KAHM(6).fit(Y32.astype(np.float64)).training_error_
+    assert modelling_error(Y32, 6) != KAHM(6).fit(Y32).training_error_  # the rounded model's r differs
