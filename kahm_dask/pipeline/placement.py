@@ -12,9 +12,12 @@ N_b × (p + 1) per layer; a block is O(m · N_b · (n + p))). The placement is a
 Dask's graph optimisation fuses blockwise layers and, by default, intersects their worker
 annotations, and its low-level fusion renames the tasks of linear chains, which drops their
 annotations: either way a cluster's distance task merged into the per-class minimum loses its
-home. A graph is therefore computed under :func:`homes_kept`: layers of different annotations
-stay apart, and linear chains are not fused (a prediction has few: the per-class minimum takes
-all of a class's blocks in one task).
+home. A placed graph is therefore computed without graph optimisation (``optimize_graph=False``),
+as built: one task per block of each layer. Configuring the optimisation instead (annotated
+layers kept apart, no low-level fusion) does not hold: Dask optimises a graph lazily where it is
+materialised, on the distributed scheduler, in the scheduler's process and under its own
+configuration, so a setting around the client's call does not reach a scheduler in another
+process (there, every home was fused away).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 import dask
 
-__all__ = ["model_homes", "placed", "homes_kept", "worker_addresses"]
+__all__ = ["model_homes", "placed", "worker_addresses"]
 
 
 def model_homes(rows: Sequence[int], workers: Sequence[str]) -> list[str]:
@@ -54,12 +57,6 @@ def placed(worker: str | None) -> Any:
     """Context in which dask collections built get ``worker`` as their preferred place
     (a Dask annotation; no effect on the local schedulers, none for ``worker=None``)."""
     return nullcontext() if worker is None else dask.annotate(workers=[worker], allow_other_workers=True)
-
-
-def homes_kept() -> Any:
-    """Context for computing a graph built with :func:`placed`: its annotated tasks are not
-    fused with others (module docstring)."""
-    return dask.config.set({"optimization.annotations.fuse": False, "optimization.fuse.active": False})
 
 
 def worker_addresses(client: Any) -> list[str] | None:

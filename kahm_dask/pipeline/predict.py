@@ -21,7 +21,7 @@ from kahm_dask._validation import check_finite_rows
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
-from kahm_dask.pipeline.placement import homes_kept, model_homes, placed, worker_addresses
+from kahm_dask.pipeline.placement import model_homes, placed, worker_addresses
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cached_centre, cached_cluster, cluster_location
 from kahm_dask.routing import routed_minimum
@@ -220,8 +220,7 @@ def predict_to_store(
         group = zarr.open_group(tmp.zarr_store(), mode="w", zarr_format=3)
         d_arr = group.create_array(DISTANCES, shape=D.shape, dtype=np.float64, chunks=(D.chunks[0][0], D.shape[1]))
         p_arr = group.create_array(PREDICTIONS, shape=codes.shape, dtype=np.int64, chunks=(codes.chunks[0][0],))
-        with homes_kept():
-            compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress,
-                    label=f"predict {D.shape[0]} rows")
+        compute(da.store([D, codes], [d_arr, p_arr], lock=False, compute=False), client, progress=progress,
+                label=f"predict {D.shape[0]} rows", optimize_graph=False)  # keeps the homes (placement)
         group.attrs.update({"classes": read_manifest(model_path)["classes"], PREDICTION_MARK: True})
     return zarr.open_group(out.zarr_store(read_only=True), mode="r", zarr_format=3)

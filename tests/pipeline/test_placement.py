@@ -5,17 +5,23 @@ chosen by its rows, and a prediction on a client evaluates each model on its hom
   the list-scheduling bound (max ≤ total / W + largest); equal models split evenly;
 * the graph: every distance task of a model prefers its home (a loose restriction);
 * on 2 worker processes (work stealing off, so that the scheduler follows the preference
-  alone): each model is loaded by its home worker only, exhaustive and routed, with the same
-  distances as without a client (also for a lazy result computed under Dask's default fusion);
-  the control: without homes both workers load the models.
+  alone), with the scheduler in this process (a LocalCluster) and in a process of its own (which
+  optimises a graph under its own configuration): each model is loaded by its home worker only,
+  exhaustive and routed, with the same distances as without a client (also for a lazy result
+  computed under Dask's default fusion); the control: without homes both workers load the models.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
+from distributed import Client
 
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.pipeline.cluster import connect
@@ -27,6 +33,7 @@ from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cluster_location
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
+from tests._kit import subprocess_cluster
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -81,29 +88,44 @@ def _cached_models() -> set[str]:
     return {key[0] for key in store._CACHE}
 
 
-def test_each_model_is_loaded_by_its_home_worker_only(model):
+@contextmanager
+def _cluster(kind: str, tmp: Path, monkeypatch) -> Iterator[Client]:
+    """A client of 2 single-threaded workers, work stealing off: a LocalCluster (its scheduler in
+    this process) or a scheduler and workers in processes of their own (the scheduler then
+    optimises and places under its own configuration, not this process's)."""
+    if kind == "local":
+        with dask.config.set({"distributed.scheduler.work-stealing": False}):
+            with connect(ClusterConfig(n_workers=2, processes=True)) as client:
+                client.wait_for_workers(2)
+                yield client
+        return
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING", "False")
+    with subprocess_cluster(tmp / "cluster") as cluster, Client(cluster.address, timeout=30) as client:
+        yield client
+
+
+@pytest.mark.parametrize("kind", ["local", "subprocess"])
+def test_each_model_is_loaded_by_its_home_worker_only(model, kind, monkeypatch):
     tmp, Q = model
     reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200)).compute(scheduler="sync")
     routed_reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=1).compute(
         scheduler="sync")
     entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
     paths = [str(cluster_location(tmp / "m.zarr", e["class"], e["cluster"])) for e in entries]
-    with dask.config.set({"distributed.scheduler.work-stealing": False}):
-        with connect(ClusterConfig(n_workers=2, processes=True)) as client:
-            client.wait_for_workers(2)
-            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-            expected = {w: {p for p, h in zip(paths, model_homes([e["n_rows"] for e in entries], workers),
-                                               strict=True) if h == w} for w in workers}
-            for n_probe, ref in ((None, reference), (1, routed_reference)):
-                group = predict_to_store(tmp / "m.zarr", da.from_array(Q, chunks=200), tmp / "p.zarr", client,
-                                         n_probe=n_probe)
-                assert group[DISTANCES][...].tobytes() == ref.tobytes()
-                assert client.run(_cached_models) == expected
-            for n_probe, ref in ((None, reference), (1, routed_reference)):
-                # a lazy result computed under Dask's defaults (fusion on: the homes may go) is the same
-                lazy = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe,
-                                            workers=workers)
-                assert client.compute(lazy).result().tobytes() == ref.tobytes()
+    with _cluster(kind, tmp, monkeypatch) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        expected = {w: {p for p, h in zip(paths, model_homes([e["n_rows"] for e in entries], workers),
+                                           strict=True) if h == w} for w in workers}
+        for n_probe, ref in ((None, reference), (1, routed_reference)):
+            group = predict_to_store(tmp / "m.zarr", da.from_array(Q, chunks=200), tmp / f"p-{kind}.zarr", client,
+                                     n_probe=n_probe)
+            assert group[DISTANCES][...].tobytes() == ref.tobytes()
+            assert client.run(_cached_models) == expected, f"n_probe={n_probe}"
+        for n_probe, ref in ((None, reference), (1, routed_reference)):
+            # a lazy result computed under Dask's defaults (fusion on: the homes may go) is the same
+            lazy = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe,
+                                        workers=workers)
+            assert client.compute(lazy).result().tobytes() == ref.tobytes()
 
 
 def test_without_homes_the_workers_load_the_same_models(model):

@@ -39,6 +39,7 @@ def fitting_client(client: Client | None = None) -> Iterator[Client]:
         yield started
 
 
-def compute_on(job: Any, client: Client | None) -> Any:
-    """``job`` computed on :func:`current_client` of ``client`` (threads when there is none)."""
-    return compute(job, current_client(client))
+def compute_on(job: Any, client: Client | None, *, optimize_graph: bool = True) -> Any:
+    """``job`` computed on :func:`current_client` of ``client`` (threads when there is none);
+    ``optimize_graph`` as in :func:`~kahm_dask.pipeline.cluster.compute.compute`."""
+    return compute(job, current_client(client), optimize_graph=optimize_graph)

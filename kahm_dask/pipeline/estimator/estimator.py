@@ -49,7 +49,7 @@ from kahm_dask.pipeline.estimator.stores import (
     params_from_manifest,
     store_root,
 )
-from kahm_dask.pipeline.placement import homes_kept, worker_addresses
+from kahm_dask.pipeline.placement import worker_addresses
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
@@ -394,13 +394,12 @@ persist_fraction : the partition's
         with each cluster model evaluated on its home worker (:mod:`kahm_dask.pipeline.placement`)."""
         if lazy:
             return job
-        with homes_kept():
-            return compute_on(job, self.__dict__.get("_client"))
+        return compute_on(job, self.__dict__.get("_client"), optimize_graph=False)  # keeps the homes
 
     def _lazy_distances(self, X) -> tuple[da.Array, bool]:
         """The lazy class distances of X, its models placed on the workers of :attr:`client`
         (placement kept when :meth:`_result` computes them; a caller computing a lazy result
-        keeps it under :func:`~kahm_dask.pipeline.placement.homes_kept`)."""
+        keeps it by computing it with ``optimize_graph=False``, :mod:`kahm_dask.pipeline.placement`)."""
         X, lazy = self._queries(X)
         return class_distance_array(self.model_path_, X, n_probe=self.n_probe, eval_dtype=self.eval_dtype,
                                     storage_options=self.storage_options,
