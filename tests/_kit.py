@@ -698,11 +698,13 @@ def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
 
 
 def complete_clusters(model_path: Path) -> int:
-    """Number of clusters with a completion marker in a model store."""
+    """Number of clusters with a completion marker in a model store (temporary directories of
+    writers not counted)."""
     clusters = Path(model_path) / "clusters"
     if not clusters.is_dir():
         return 0
-    return sum(1 for d in clusters.iterdir() if (d / "_COMPLETE.json").is_file())
+    # a writer's hidden temporary directory holds its marker before it is renamed into place
+    return sum(1 for d in clusters.iterdir() if not d.name.startswith(".") and (d / "_COMPLETE.json").is_file())
 
 
 def n_planned_clusters(model_path: Path) -> int | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -116,7 +118,13 @@ def cluster_info(model_path: Location, c: int, s: int) -> dict:
 def commit_model(staged: Location, model_path: Location) -> None:
     """Mark the staged model store complete and put it at ``model_path`` (replacing an older
     model store there): renamed when both are local on one file system, else copied with the
-    completion marker last (:func:`~kahm_dask.storage.location.committed_directory`)."""
+    completion marker last (:func:`~kahm_dask.storage.location.committed_directory`).
+
+    Temporary cluster directories that writers of an interrupted earlier run left in the staged
+    store are removed first: the run holds its work store alone, so none is still being written.
+    """
+    if staged.is_local:
+        _remove_interrupted_writes(staged.path / "clusters")
     mark_model_complete(staged)
     if staged.is_local and model_path.is_local:
         model_path.path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,6 +138,14 @@ def commit_model(staged: Location, model_path: Location) -> None:
         copy_tree(staged, tmp)
         (tmp / COMPLETE_FILE).write_json((staged / COMPLETE_FILE).read_json())
     staged.remove()
+
+
+def _remove_interrupted_writes(clusters: Path) -> None:
+    """Remove the hidden ``.<cluster>.tmp-<uuid>`` directories under ``clusters``
+    (:func:`~kahm_dask.storage.atomic.sibling_path`) that killed writers left."""
+    if clusters.is_dir():
+        for leftover in clusters.glob(".*.tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def check_same_settings(models: tuple[Location, Location], work_path: Location, current: dict) -> bool:
