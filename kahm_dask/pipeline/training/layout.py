@@ -2,8 +2,9 @@
 
 Reading one class (for k-means) or one cluster (for its task) from the data store in its
 original order touches every chunk of the store, because a class's rows are spread over all of
-them. The pipeline therefore writes two reordered copies, each with one bounded-memory
-``dask.array.shuffle``:
+them. The pipeline therefore writes two reordered copies, each with
+:func:`~kahm_dask.pipeline.training.permute.permuted_copy` (two passes over storage, one chunk per
+task, so memory stays bounded however large the rows):
 
 * the **class-grouped** copy — rows sorted by class code, original order within a class — so a
   class is one contiguous slice (one k-means input); every output chunk draws its rows from a
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import dask.array as da
 import numpy as np
 
+from kahm_dask.pipeline.training.permute import permuted_copy
 from kahm_dask.storage.location import LocationLike, as_location
 
 __all__ = ["ClassLayout", "class_layout", "grouped_layout", "write_grouped"]
@@ -79,16 +81,10 @@ def grouped_layout(y_codes: np.ndarray, labels: np.ndarray) -> tuple[list[np.nda
 
 def write_grouped(source: da.Array, groups: list[np.ndarray], path: LocationLike, chunk_rows: int) -> da.Array:
     """Write ``source`` (N, p) with its rows in the order of ``groups`` (arrays of row indices
-    of ``source``, concatenated) to a Zarr array at ``path`` (a local path or a
-    :class:`~kahm_dask.storage.location.Location`) with (chunk_rows, p) chunks; returns it as a
-    dask array read back from Zarr.
-
-    Groups longer than ``chunk_rows`` are cut into pieces first: ``dask.array.shuffle`` keeps
-    each group in one chunk and would otherwise split the columns of the whole array, which
-    the final row chunking would have to undo with an all-to-all rechunk.
-    """
-    pieces = [g[i:i + chunk_rows].tolist() for g in groups for i in range(0, len(g), chunk_rows)]
-    grouped = da.shuffle(source, pieces, axis=0).rechunk((chunk_rows, source.shape[1]))
-    url, storage_options = as_location(path).dask_target()
-    grouped.to_zarr(url, storage_options=storage_options, overwrite=True, zarr_format=3)
-    return da.from_zarr(url, storage_options=storage_options)
+    of ``source`` that, concatenated, are a permutation of its rows) to a Zarr array at ``path``
+    (a local path or a :class:`~kahm_dask.storage.location.Location`) with (chunk_rows, p)
+    chunks; returns it as a dask array read back from Zarr. The staging array of the copy is a
+    hidden sibling of ``path``, removed when the copy is written."""
+    target = as_location(path)
+    order = np.concatenate(groups) if groups else np.empty(0, dtype=np.int64)
+    return permuted_copy(source, order, target, target.with_name(f".{target.name}.staging"), chunk_rows)
