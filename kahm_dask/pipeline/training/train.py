@@ -215,7 +215,7 @@ def _train(
         clusters = [{"class": c, "cluster": s, "n_rows": b - a} for c, s, a, b in table]
         write_manifest(staged, build_manifest(list(store.classes), store.n_features, parameters, release, clusters,
                                               extra))
-        if client is not None:  # the shuffles leave freed memory in the workers' malloc arenas
+        if client is not None:  # the copies and k-means leave freed memory in the workers' malloc arenas
             client.run(release_free_memory)
         tasks = []
         for c, s, a, b in table:
