@@ -372,7 +372,8 @@ def _build_store(
         group = zarr.open_group(tmp.zarr_store(), mode="w-", zarr_format=3)
         x = group.create_array("X", shape=(0, src.n_features), chunks=(rows, src.n_features),
                                dtype=dtype)
-        labels = label_array(src.write_x(x), "y")
+        written = src.write_x(x)  # hashes the rows as it writes them: no second pass
+        labels = label_array(written.labels, "y")
         classes, codes = _encode_labels(labels)
         counts = _write_labels(group, codes, len(classes))
         attrs = {
@@ -388,9 +389,7 @@ def _build_store(
             attrs["feature_range"] = feature_range_attr
         if scaling is not None:
             attrs["scaling"] = dict(scaling)
-        url, storage_options = tmp.dask_target()
-        attrs["fingerprint"] = array_fingerprint(da.from_zarr(url, component="X", storage_options=storage_options)
-                                                 ).to_dict()
+        attrs["fingerprint"] = combine([written.lanes], int(x.shape[0]), src.n_features).to_dict()
         group.attrs[ATTRS_KEY] = attrs
         if target.is_local:
             _check_target(target, overwrite)  # the path may have appeared while writing

@@ -4,7 +4,8 @@ Every reader of :mod:`kahm_dask.pipeline.stores.sources` and the store builder o
 :mod:`kahm_dask.pipeline.stores.dataset` check their input here, so a bad input gets the same clear
 message (naming the row and column, and the fix) whatever its format. Feature rows are
 appended to the store's growing ``X`` array block by block, each block checked before it is
-written.
+written and hashed as it is written (:class:`WrittenRows`), so the store's fingerprint needs no
+second pass over the rows.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import numbers
 from collections.abc import Generator
 from contextlib import closing
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zarr
+
+from kahm_dask.privacy.fingerprint import partial_sums
 
 __all__ = [
     "Block",
@@ -26,6 +30,7 @@ __all__ = [
     "check_length",
     "label_array",
     "checked_block",
+    "WrittenRows",
     "write_blocks",
 ]
 
@@ -144,19 +149,34 @@ def checked_block(block: np.ndarray, dtype: np.dtype, first_row: int) -> np.ndar
 # ------------------------------------------------------------------------ writing rows
 
 
-def write_blocks(x: zarr.Array, blocks: Generator[Block, None, None]) -> np.ndarray:
-    """Append row blocks to the (0, p) array ``x``, checking each; return all labels (N,).
+@dataclass(frozen=True)
+class WrittenRows:
+    """What writing the rows of a store gives back: the raw ``labels`` (N,) and ``lanes``, the
+    fingerprint's lane sums (uint64, (4,); :func:`~kahm_dask.privacy.fingerprint.partial_sums`)
+    of the values *as stored* (after the cast to the store's dtype), summed over all blocks."""
+
+    labels: np.ndarray
+    lanes: np.ndarray
+
+
+def write_blocks(x: zarr.Array, blocks: Generator[Block, None, None]) -> WrittenRows:
+    """Append row blocks to the (0, p) array ``x``, checking and hashing each; return all
+    labels (N,) and the lane sums of the stored rows.
 
     ``blocks`` is closed even on error, so a reader's open file is closed at once.
     """
     labels = []
+    lanes = np.zeros(4, dtype=np.uint64)
     with closing(blocks):
         for features, block_labels in blocks:
-            _append_to(x, checked_block(features, x.dtype, x.shape[0]))
+            start = x.shape[0]
+            checked = checked_block(features, x.dtype, start)
+            _append_to(x, checked)
+            lanes += partial_sums(checked, start)
             labels.append(np.asarray(block_labels))
     if x.shape[0] == 0:
         raise ValueError("The source has no rows; a dataset needs at least one row.")
-    return np.concatenate(labels)
+    return WrittenRows(np.concatenate(labels), lanes)
 
 
 def _append_to(array: zarr.Array, values: np.ndarray) -> None:

@@ -3,7 +3,8 @@
 Each reader checks what it can before the first write (shapes, label count, label types)
 and returns a :class:`Source`: a description (stored as the store's ``source`` attribute),
 the number of features, a row-count hint (sizes default chunks), and ``write_x``, which
-fills the store's (0, p) ``X`` array block by block and returns the raw labels (N,).
+fills the store's (0, p) ``X`` array block by block and returns the raw labels (N,) with the
+fingerprint lanes of the stored rows (:class:`~kahm_dask.pipeline.stores.rows.WrittenRows`).
 :func:`resolve_source` picks the reader for an ``ingest`` source from its form, file suffix
 and magic bytes; :func:`array_source` and :func:`dask_source` serve ``write_dataset``.
 Files are streamed in blocks of one chunk (``.npz``, CSV, IDX), memory-mapped (``.npy``) or
@@ -28,6 +29,7 @@ import zarr
 
 from kahm_dask.pipeline.stores.rows import (
     Block,
+    WrittenRows,
     check_length,
     check_matrix_shape,
     checked_block,
@@ -35,6 +37,7 @@ from kahm_dask.pipeline.stores.rows import (
     label_array,
     write_blocks,
 )
+from kahm_dask.privacy.fingerprint import partial_sums
 
 __all__ = ["SKLEARN_DATASETS", "Source", "array_source", "dask_source", "resolve_source"]
 
@@ -44,12 +47,13 @@ SKLEARN_DATASETS = ("digits", "breast_cancer", "iris", "wine")
 
 @dataclass(frozen=True)
 class Source:
-    """Where rows come from: ``write_x`` fills the (0, p) array X and returns raw labels."""
+    """Where rows come from: ``write_x`` fills the (0, p) array X and returns the raw labels
+    and the fingerprint lanes of what it wrote."""
 
     description: str
     n_features: int
     n_rows_hint: int  # exact, or an upper estimate; only used to size default chunks
-    write_x: Callable[[zarr.Array], np.ndarray]
+    write_x: Callable[[zarr.Array], WrittenRows]
 
 
 # ------------------------------------------------------------------------ arrays
@@ -63,7 +67,7 @@ def array_source(X: Any, y: Any, description: str) -> Source:
     labels = label_array(y, "y")
     check_length(labels, X.shape[0], "y", "X")
 
-    def write_x(x: zarr.Array) -> np.ndarray:
+    def write_x(x: zarr.Array) -> WrittenRows:
         step = x.chunks[0]
         blocks = ((X[s : s + step], labels[s : s + step]) for s in range(0, X.shape[0], step))
         return write_blocks(x, blocks)
@@ -79,22 +83,24 @@ def dask_source(X: da.Array, y: Any, description: str) -> Source:
     labels = label_array(y.compute() if isinstance(y, da.Array) else y, "y")
     check_length(labels, X.shape[0], "y", "X")
 
-    def write_x(x: zarr.Array) -> np.ndarray:
+    def write_x(x: zarr.Array) -> WrittenRows:
         x.resize(X.shape)
         aligned = X.rechunk(x.chunks)  # one task per Zarr chunk: writes never overlap
         starts = np.cumsum((0, *aligned.chunks[0][:-1])).tolist()
         tasks = [dask.delayed(_store_block)(block, x, start)
                  for block, start in zip(aligned.to_delayed().ravel(), starts, strict=True)]
-        errors = [e for e in dask.compute(*tasks) if e is not None]
+        results = dask.compute(*tasks)
+        errors = [r for r in results if isinstance(r, tuple)]
         if errors:
             raise ValueError(min(errors)[1])
-        return labels
+        return WrittenRows(labels, np.sum(results, axis=0, dtype=np.uint64))
 
     return Source(description, int(X.shape[1]), int(X.shape[0]), write_x)
 
 
-def _store_block(block: np.ndarray, x: zarr.Array, start: int) -> tuple[int, str] | None:
-    """Write rows ``start:start+len(block)`` of ``x``; return (start, message) if invalid.
+def _store_block(block: np.ndarray, x: zarr.Array, start: int) -> np.ndarray | tuple[int, str]:
+    """Write rows ``start:start+len(block)`` of ``x``; return the block's fingerprint lanes
+    (uint64, (4,)) of the stored values, or (start, message) if it is invalid.
 
     Invalid data is reported instead of raised so that every task has finished (no write
     is still in flight) before the caller deletes the temporary store.
@@ -104,7 +110,7 @@ def _store_block(block: np.ndarray, x: zarr.Array, start: int) -> tuple[int, str
     except ValueError as exc:
         return start, str(exc)
     x[start : start + len(checked)] = checked
-    return None
+    return partial_sums(checked, start)
 
 
 # ------------------------------------------------------------------------ files
@@ -262,8 +268,9 @@ def _csv_source(path: Path, label_column: int, header: bool | None) -> Source:
                 yield frame[features].to_numpy(), frame[label].to_numpy(dtype=str)
                 start += len(frame)
 
-    def write_x(x: zarr.Array) -> np.ndarray:
-        return _text_labels(write_blocks(x, blocks(x.chunks[0])))
+    def write_x(x: zarr.Array) -> WrittenRows:
+        written = write_blocks(x, blocks(x.chunks[0]))
+        return WrittenRows(_text_labels(written.labels), written.lanes)
 
     hint = _count_lines(path, default_chunk_rows(n_cols - 1, np.dtype(np.float32)))
     return Source(f"csv:{path}", len(features), max(hint, 1), write_x)

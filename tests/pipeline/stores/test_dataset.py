@@ -192,6 +192,39 @@ def test_ingest_sklearn_digits(tmp_path: Path) -> None:
     assert ds.attrs["source"] == "sklearn:digits"
 
 
+def _writer_of(kind: str, X: np.ndarray, y: np.ndarray, where: Path):
+    """A function ``(path, **options) -> DatasetStore`` that stores X and y from the source
+    ``kind``, through ``write_dataset`` (arrays) or ``ingest`` (files)."""
+    if kind == "array":
+        return lambda path, **kw: write_dataset(path, X, y, **kw)
+    if kind == "dask":  # chunks that do not line up with the store's 16-row chunks
+        return lambda path, **kw: write_dataset(path, da.from_array(X, chunks=(11, 2)), y, **kw)
+    if kind == "npz":
+        np.savez(where / "d.npz", X=X, y=y)
+        return lambda path, **kw: ingest(where / "d.npz", path, **kw)
+    lines = [",".join(map(repr, r.tolist())) + f",{c}" for r, c in zip(X, y, strict=True)]
+    (where / "d.csv").write_text("\n".join(lines) + "\n")
+    return lambda path, **kw: ingest(where / "d.csv", path, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kind", ["array", "dask", "npz", "csv"])
+def test_stored_fingerprint_is_that_of_the_stored_rows(tmp_path: Path, kind: str, dtype: str) -> None:
+    # The fingerprint is hashed block by block as the rows are written (no pass after the
+    # write): it must equal the fingerprint of the stored values, in their order, computed
+    # from the whole matrix, whatever the source, its blocks and the store's dtype.
+    X, y = make_data(n=61, p=4, seed=3)
+    ds = _writer_of(kind, X, y, tmp_path)(tmp_path / "d.zarr", chunk_rows=16, dtype=dtype)
+    stored = ds.X().compute()
+    assert stored.dtype == np.dtype(dtype)
+    expected = fingerprint(stored)
+    assert ds.fingerprint() == expected
+    assert ds.attrs["fingerprint"] == expected.to_dict()
+    assert ds.fingerprint() == st.array_fingerprint(ds.X())  # the pass it replaces
+    if dtype == "float32":  # hashed after the cast, not before it
+        assert ds.fingerprint() != fingerprint(X)
+
+
 def test_dask_ingest_larger_than_a_chunk_never_computes_whole(tmp_path: Path,
                                                              monkeypatch) -> None:
     src = da.random.default_rng(0).random((200_000, 20), chunks=(7_000, 20))
