@@ -42,8 +42,6 @@ CLIENT_SHAPE = (60_000, 784)
 
 def measure(gib: float, where: Path) -> dict:
     """One code's two ingests (this process's ``kahm_dask``): seconds and stored fingerprints."""
-    import dask.array as da
-
     from kahm_dask.pipeline.cluster import connect
     from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.stores.dataset import write_dataset
@@ -82,8 +80,8 @@ def _command(code: str, args, out: str, where: str) -> list[str]:
         return [sys.executable, "-m", "benchmarks.bench_ingest", *flags]
     base, root = str(Path(args.baseline_root).resolve()), str(ROOT)
     boot = (f"import sys; sys.path.insert(0, {base!r}); import kahm_dask; sys.path.insert(0, {root!r}); "
-            f"from benchmarks.bench_ingest import main; sys.path[:] = [p for p in sys.path if p not in ({root!r}, '')]; "
-            f"main(sys.argv[1:])")
+            "from benchmarks.bench_ingest import main; "
+            f"sys.path[:] = [p for p in sys.path if p not in ({root!r}, '')]; main(sys.argv[1:])")
     return [sys.executable, "-c", boot, *flags]
 
 
@@ -132,7 +130,7 @@ def main(argv=None) -> None:
                         best[code][key] = min(best[code][key], r[key])
     finally:
         shutil.rmtree(where, ignore_errors=True)
-    if len({r["dask_fingerprint"] for r in best.values()}) > 1 or len({r["client_fingerprint"] for r in best.values()}) > 1:
+    if any(len({r[key] for r in best.values()}) > 1 for key in ("dask_fingerprint", "client_fingerprint")):
         raise AssertionError(f"the codes stored different fingerprints of the same rows: {best}")
     new = best["new"]
     dask_floor = new["generate_s"] + new["nbytes"] / (write_mb * 1e6) / 2
