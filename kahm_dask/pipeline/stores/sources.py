@@ -17,7 +17,7 @@ import csv
 import gzip
 import io
 import zipfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -26,7 +26,9 @@ import dask
 import dask.array as da
 import numpy as np
 import zarr
+from joblib import effective_n_jobs
 
+from kahm_dask._threads import in_threads
 from kahm_dask.pipeline.stores.rows import (
     Block,
     WrittenRows,
@@ -40,6 +42,9 @@ from kahm_dask.pipeline.stores.rows import (
 from kahm_dask.privacy.fingerprint import partial_sums
 
 __all__ = ["SKLEARN_DATASETS", "Source", "array_source", "dask_source", "resolve_source"]
+
+#: Threads that write the chunks of an in-memory array (bounds the chunks in flight).
+ARRAY_WRITE_THREADS = 4
 
 #: Bundled scikit-learn datasets ``ingest`` reads as ``"sklearn:<name>"`` (offline).
 SKLEARN_DATASETS = ("digits", "breast_cancer", "iris", "wine")
@@ -60,7 +65,11 @@ class Source:
 
 
 def array_source(X: Any, y: Any, description: str) -> Source:
-    """Rows from an in-memory array (or anything with shape, dtype and row slicing)."""
+    """Rows from an in-memory array (or anything with shape, dtype and row slicing), written
+    chunk by chunk on up to :data:`ARRAY_WRITE_THREADS` threads of the calling process (the
+    cast, the check, the hash and Zarr's compression release the GIL): at most that many chunks
+    are in flight, each with about three copies of its rows (the cast, the hash's words and the
+    compressed bytes)."""
     if not (hasattr(X, "shape") and hasattr(X, "dtype")):
         X = np.asarray(X)
     check_matrix_shape(X.shape, X.dtype, "X")
@@ -69,8 +78,10 @@ def array_source(X: Any, y: Any, description: str) -> Source:
 
     def write_x(x: zarr.Array) -> WrittenRows:
         step = x.chunks[0]
-        blocks = ((X[s : s + step], labels[s : s + step]) for s in range(0, X.shape[0], step))
-        return write_blocks(x, blocks)
+        x.resize(X.shape)
+        starts = range(0, X.shape[0], step)
+        n_jobs = min(ARRAY_WRITE_THREADS, effective_n_jobs(-1), len(starts))
+        return _written(labels, in_threads(lambda s: _store_block(X[s : s + step], x, s), starts, n_jobs))
 
     return Source(description, int(X.shape[1]), int(X.shape[0]), write_x)
 
@@ -89,13 +100,18 @@ def dask_source(X: da.Array, y: Any, description: str) -> Source:
         starts = np.cumsum((0, *aligned.chunks[0][:-1])).tolist()
         tasks = [dask.delayed(_store_block)(block, x, start)
                  for block, start in zip(aligned.to_delayed().ravel(), starts, strict=True)]
-        results = dask.compute(*tasks)
-        errors = [r for r in results if isinstance(r, tuple)]
-        if errors:
-            raise ValueError(min(errors)[1])
-        return WrittenRows(labels, np.sum(results, axis=0, dtype=np.uint64))
+        return _written(labels, dask.compute(*tasks))
 
     return Source(description, int(X.shape[1]), int(X.shape[0]), write_x)
+
+
+def _written(labels: np.ndarray, results: Sequence[np.ndarray | tuple[int, str]]) -> WrittenRows:
+    """The labels and the summed lanes of every block's :func:`_store_block` result, once all
+    have finished; ValueError with the first invalid block's message if any was invalid."""
+    errors = [r for r in results if isinstance(r, tuple)]
+    if errors:
+        raise ValueError(min(errors)[1])
+    return WrittenRows(labels, np.sum(results, axis=0, dtype=np.uint64))
 
 
 def _store_block(block: np.ndarray, x: zarr.Array, start: int) -> np.ndarray | tuple[int, str]:
