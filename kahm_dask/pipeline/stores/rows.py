@@ -31,6 +31,7 @@ __all__ = [
     "label_array",
     "checked_block",
     "WrittenRows",
+    "store_block",
     "write_blocks",
 ]
 
@@ -170,17 +171,18 @@ def write_blocks(x: zarr.Array, blocks: Generator[Block, None, None]) -> Written
     with closing(blocks):
         for features, block_labels in blocks:
             start = x.shape[0]
-            checked = checked_block(features, x.dtype, start)
-            _append_to(x, checked)
-            lanes += partial_sums(checked, start)
+            x.resize((start + len(features), *x.shape[1:]))
+            lanes += store_block(x, features, start)
             labels.append(np.asarray(block_labels))
     if x.shape[0] == 0:
         raise ValueError("The source has no rows; a dataset needs at least one row.")
     return WrittenRows(np.concatenate(labels), lanes)
 
 
-def _append_to(array: zarr.Array, values: np.ndarray) -> None:
-    """Grow ``array`` along axis 0 and write ``values`` (n, ...) into the new rows."""
-    start = array.shape[0]
-    array.resize((start + values.shape[0], *array.shape[1:]))
-    array[start:] = values
+def store_block(x: zarr.Array, block: np.ndarray, start: int) -> np.ndarray:
+    """Check ``block`` (n, p) (:func:`checked_block`), write it as rows ``start:start+n`` of ``x``
+    and return the fingerprint lanes (uint64, (4,)) of the values as stored: after the cast to
+    ``x``'s dtype. The one place a block of a store's rows is checked, written and hashed."""
+    checked = checked_block(block, x.dtype, start)
+    x[start : start + len(checked)] = checked
+    return partial_sums(checked, start)

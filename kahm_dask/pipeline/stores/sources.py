@@ -34,12 +34,11 @@ from kahm_dask.pipeline.stores.rows import (
     WrittenRows,
     check_length,
     check_matrix_shape,
-    checked_block,
     default_chunk_rows,
     label_array,
+    store_block,
     write_blocks,
 )
-from kahm_dask.privacy.fingerprint import partial_sums
 
 __all__ = ["SKLEARN_DATASETS", "Source", "array_source", "dask_source", "resolve_source"]
 
@@ -122,11 +121,9 @@ def _store_block(block: np.ndarray, x: zarr.Array, start: int) -> np.ndarray | t
     is still in flight) before the caller deletes the temporary store.
     """
     try:
-        checked = checked_block(block, x.dtype, start)
+        return store_block(x, block, start)
     except ValueError as exc:
         return start, str(exc)
-    x[start : start + len(checked)] = checked
-    return partial_sums(checked, start)
 
 
 # ------------------------------------------------------------------------ files
