@@ -11,6 +11,7 @@ import datetime as _dt
 import os
 import platform
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,26 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
+
+
+def baseline_command(module: str, baseline_root: str | Path, flags: Sequence[str]) -> list[str]:
+    """The command line that runs ``benchmarks.<module>.main(flags)`` on the ``kahm_dask`` of the
+    checkout at ``baseline_root``: the baseline first on the path, this tree's ``benchmarks`` next
+    for the import, then only the baseline (no cwd), so that Dask worker processes, which inherit
+    ``sys.path``, import the baseline too."""
+    base, root = str(Path(baseline_root).resolve()), str(ROOT)
+    boot = (f"import sys; sys.path.insert(0, {base!r}); import kahm_dask; sys.path.insert(0, {root!r}); "
+            f"from benchmarks.{module} import main; "
+            f"sys.path[:] = [p for p in sys.path if p not in ({root!r}, '')]; main(sys.argv[1:])")
+    return [sys.executable, "-c", boot, *flags]
+
+
+def baseline_commit(baseline_root: str | Path) -> str:
+    """The report's fact naming the baseline checkout: its short commit, or that it is not in git."""
+    rev = subprocess.run(["git", "-C", str(baseline_root), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    return f"commit {rev}" if rev else "a copy outside git"
 
 
 @contextmanager

@@ -32,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._harness import machine_facts, markdown_table, write_report
+from benchmarks._harness import ROOT, baseline_command, baseline_commit, machine_facts, markdown_table, write_report
 
-ROOT = Path(__file__).resolve().parent.parent
 N_FEATURES = 4096
 CHUNK_ROWS = 2048
 CLIENT_SHAPE = (60_000, 784)
@@ -78,11 +77,7 @@ def _command(code: str, args, out: str, where: str) -> list[str]:
     flags = ["--worker", "--gib", str(args.gib), "--out", out, "--where", where]
     if code == "new":
         return [sys.executable, "-m", "benchmarks.bench_ingest", *flags]
-    base, root = str(Path(args.baseline_root).resolve()), str(ROOT)
-    boot = (f"import sys; sys.path.insert(0, {base!r}); import kahm_dask; sys.path.insert(0, {root!r}); "
-            "from benchmarks.bench_ingest import main; "
-            f"sys.path[:] = [p for p in sys.path if p not in ({root!r}, '')]; main(sys.argv[1:])")
-    return [sys.executable, "-c", boot, *flags]
+    return baseline_command("bench_ingest", args.baseline_root, flags)
 
 
 def _zarr_write_rate(where: Path) -> float:
@@ -108,9 +103,7 @@ def main(argv=None) -> None:
     facts = machine_facts(blas=1)
     codes = ["new"] + (["base"] if args.baseline_root else [])
     if args.baseline_root:
-        rev = subprocess.run(["git", "-C", args.baseline_root, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=False).stdout.strip()
-        facts["baseline code"] = f"commit {rev}" if rev else "a copy outside git"
+        facts["baseline code"] = baseline_commit(args.baseline_root)
     where = Path(tempfile.mkdtemp(prefix="kahm-bench-ingest-"))
     best: dict[str, dict] = {}
     try:

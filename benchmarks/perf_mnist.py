@@ -34,7 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._harness import (
+    ROOT,
     PeakTreeRSS,
+    baseline_command,
+    baseline_commit,
     blas_threads,
     blas_threads_loaded,
     load_mnist,
@@ -44,7 +47,6 @@ from benchmarks._harness import (
     write_report,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("base", "base_1t", "base_dask2", "new", "new_dp", "new_dask2", "naive", "logreg", "knn")
 LABELS = {
     "base": "baseline code, KAHMClassifier, default BLAS threads",
@@ -199,13 +201,7 @@ def _command(row: str, args, out: str) -> list[str]:
         return [sys.executable, "-m", "benchmarks.perf_mnist", *flags]
     if not args.baseline_root:
         raise SystemExit(f"row {row!r} needs --baseline-root (a checkout of the code to compare with)")
-    # the baseline's kahm_dask first, this harness's benchmarks next; then only the baseline on the
-    # path (no cwd), so that the Dask worker processes, which inherit sys.path, import it too
-    base, root = str(Path(args.baseline_root).resolve()), str(ROOT)
-    boot = (f"import sys; sys.path.insert(0, {base!r}); import kahm_dask; sys.path.insert(0, {root!r}); "
-            f"from benchmarks.perf_mnist import main; sys.path[:] = [p for p in sys.path if p not in ({root!r}, '')]; "
-            f"main(sys.argv[1:])")
-    return [sys.executable, "-c", boot, *flags]
+    return baseline_command("perf_mnist", args.baseline_root, flags)
 
 
 def _table(results: dict, args) -> str:
@@ -280,9 +276,7 @@ def main(argv=None) -> None:
     with blas_threads(1):
         facts = machine_facts(1)
     if args.baseline_root:
-        rev = subprocess.run(["git", "-C", args.baseline_root, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=False).stdout.strip()
-        facts["baseline code"] = f"commit {rev}" if rev else "a copy outside git"
+        facts["baseline code"] = baseline_commit(args.baseline_root)
     results = {}
     for row in args.rows:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
