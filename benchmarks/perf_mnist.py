@@ -237,7 +237,8 @@ def _float32_table(results: dict) -> str:
 
 def _ratios(results: dict) -> str:
     """New rows against the baseline rows of the same run."""
-    pairs = [("new", "base"), ("new", "base_1t"), ("new_dask2", "base_dask2"), ("new_dp", "new")]
+    pairs = [("new", "base"), ("new", "base_1t"), ("new_dask2", "base_dask2"), ("new_dp", "new"),
+             ("base_dask2", "base"), ("new_dask2", "new")]
     rows = []
     for a, b in pairs:
         if a in results and b in results:
