@@ -104,7 +104,7 @@ def _cluster(kind: str, tmp: Path, monkeypatch) -> Iterator[Client]:
         yield client
 
 
-@pytest.mark.parametrize("kind", ["local", "subprocess"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("subprocess", marks=pytest.mark.slow)])  # subprocess: ~13 s
 def test_each_model_is_loaded_by_its_home_worker_only(model, kind, monkeypatch):
     tmp, Q = model
     reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200)).compute(scheduler="sync")

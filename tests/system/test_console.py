@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import dask
+import pytest
 
 from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import ClusterConfig
@@ -47,6 +48,7 @@ def test_default_console_has_no_info_lines(tmp_path):
     assert re.search(r"train \d+ clusters", console) and re.search(r"done in \d+\.\d s", console)
 
 
+@pytest.mark.slow  # about 12 s: a whole run; the default console test covers the same command
 def test_verbose_console_has_dask_info_lines(tmp_path):
     console = _run_cli(tmp_path, "--no-progress", "-v")
     assert "INFO distributed.scheduler:" in console  # the scheduler, in the CLI's process

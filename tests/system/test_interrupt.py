@@ -40,6 +40,7 @@ def _start(cfg) -> subprocess.Popen:
                             preexec_fn=_as_a_terminal_job)
 
 
+@pytest.mark.slow  # about 28 s: a real run, interrupted part way
 @pytest.mark.timeout(600)
 def test_ctrl_c_prints_one_line_keeps_finished_clusters_and_publishes_nothing(tmp_path):
     cfg = pipeline_file(tmp_path, **PIPELINE)

@@ -42,6 +42,7 @@ def _shell(block: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow  # about 16 s: the whole main command, as the README writes it
 def test_the_main_command_runs_as_written(tmp_path):
     (block,) = _blocks("The main command", "bash")
     shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines")
@@ -52,6 +53,7 @@ def test_the_main_command_runs_as_written(tmp_path):
     assert re.search(r"done in \d+\.\d s", proc.stderr) and "membership metrics (owner only)" in proc.stderr
 
 
+@pytest.mark.slow  # about 41 s: five command-line steps, each starting its own cluster
 def test_the_command_line_steps_run_as_written_and_end_in_a_useful_model(tmp_path):
     (block,) = _blocks("The command line, step by step", "bash")
     proc = _shell(block, tmp_path)

@@ -173,6 +173,7 @@ def test_estimator_fits_over_mutual_tls_like_kahm_classifier(tls_cluster, certs,
     assert "client" not in clone(est).get_params()
 
 
+@pytest.mark.slow  # about 14 s; the mutual-TLS fit (default suite) covers the same fit over a secured link
 def test_estimator_fits_over_plain_tcp_like_kahm_classifier(tcp_cluster, digits, reference, tmp_path):
     with Client(tcp_cluster, timeout=10):  # the current client
         est = DaskKAHMClassifier(n_components=N_COMPONENTS, random_state=SEED, store_dir=tmp_path)
