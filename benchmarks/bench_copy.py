@@ -67,7 +67,7 @@ def zarr_rates(where: Path, n_rows: int) -> tuple[float, float]:
     return X.nbytes / read / 1e6, X.nbytes / write / 1e6
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from kahm_dask.pipeline.cluster import connect
     from kahm_dask.pipeline.config import ClusterConfig
     from kahm_dask.pipeline.training.layout import class_layout, write_grouped
@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--where", type=Path, default=None, help="folder for the stores (default: a temporary one)")
     ap.add_argument("--name", default="copy")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     n_rows = int(args.gib * 2**30 / (N_FEATURES * 4)) // CHUNK_ROWS * CHUNK_ROWS
     where = Path(tempfile.mkdtemp(prefix="kahm-bench-copy-", dir=args.where))

@@ -2,7 +2,8 @@
 
 This module is the only place that tells local paths from URLs. :func:`as_location` turns a
 path or URL plus fsspec ``storage_options`` into a :class:`Location`, which gives a Zarr store
-object, joins child names, tests existence, lists, deletes, and reads and writes small files.
+object, joins child names, tests existence, lists, deletes, reads and writes small files, and
+reads byte ranges of a file into a buffer.
 A ``file://`` URL is a local path. A :class:`Location` holds only the URL and the options (a
 picklable dict), so tasks on Dask workers get it and open their own filesystem.
 
@@ -169,14 +170,38 @@ class Location:
         fs, path = self._fs()
         return fs.cat_file(path)
 
-    def write_bytes(self, data: bytes) -> None:
-        """Write the file (parent folders created); one PUT on object stores."""
+    def write_bytes(self, data: bytes | memoryview) -> None:
+        """Write the file (parent folders created); one PUT on object stores. A memoryview is
+        written without a copy locally."""
         if self.is_local:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_bytes(data)
             return
         fs, path = self._fs()
-        fs.pipe_file(path, data)
+        fs.pipe_file(path, bytes(data))
+
+    def read_into(self, buffer: memoryview, offset: int) -> None:
+        """Fill ``buffer`` (a writable byte view) with the file's bytes from ``offset`` on: a
+        positioned read locally (no intermediate copy), one ranged GET on object stores.
+        EOFError if the file ends first; FileNotFoundError if it is absent."""
+        n = buffer.nbytes
+        if self.is_local:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                done = 0
+                while done < n:
+                    got = os.preadv(fd, [buffer[done:]], offset + done)
+                    if got == 0:
+                        raise EOFError(f"{self.path} ends before byte {offset + n}.")
+                    done += got
+            finally:
+                os.close(fd)
+            return
+        fs, path = self._fs()
+        data = fs.cat_file(path, start=offset, end=offset + n)
+        if len(data) != n:
+            raise EOFError(f"{self.url} ends before byte {offset + n}.")
+        buffer[:] = data
 
     def read_text(self) -> str:
         """The file's UTF-8 text; FileNotFoundError if absent."""

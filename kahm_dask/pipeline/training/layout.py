@@ -83,8 +83,8 @@ def write_grouped(source: da.Array, groups: list[np.ndarray], path: LocationLike
     """Write ``source`` (N, p) with its rows in the order of ``groups`` (arrays of row indices
     of ``source`` that, concatenated, are a permutation of its rows) to a Zarr array at ``path``
     (a local path or a :class:`~kahm_dask.storage.location.Location`) with (chunk_rows, p)
-    chunks; returns it as a dask array read back from Zarr. The staging array of the copy is a
-    hidden sibling of ``path``, removed when the copy is written."""
+    chunks; returns it as a dask array read back from Zarr. The staging files of the copy are in
+    a hidden sibling folder of ``path``, removed when the copy is written."""
     target = as_location(path)
     order = np.concatenate(groups) if groups else np.empty(0, dtype=np.int64)
     return permuted_copy(source, order, target, target.with_name(f".{target.name}.staging"), chunk_rows)

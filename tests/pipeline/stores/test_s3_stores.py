@@ -1,14 +1,14 @@
 """Stores at URLs: dataset, work and model stores on a real S3-compatible server.
 
-The ``s3`` fixture starts moto's server mode as a subprocess on a free loopback port (as s3fs's
-own tests do), creates a bucket and yields the ``storage_options`` that reach it; the tests are
-skipped, with the reason, when it cannot start (failed in CI:
-``$KAHM_DASK_REQUIRE_SERVICES``). Checked: a dataset store written to S3 reads back
-as the local one; a fit from an ``s3://`` store and a fit with ``store_dir`` on S3 (a DP fit: the
-noisy rows, the ledger and the model store on S3) predict as the same fits on local stores;
-``save``/``load`` to and from S3; ``file://`` URLs are local paths; a remote store without its
-completion marker is not taken for a store; clear errors for an unknown protocol or a missing
-s3fs; no credential in the manifest. All on one in-process LocalCluster (2 workers x 1 thread).
+The ``s3`` fixture starts moto's server mode as a subprocess on a free loopback port (as s3fs's own
+tests do), creates a bucket and yields the ``storage_options`` that reach it; the tests are
+skipped, with the reason, when it cannot start (failed in CI: ``$KAHM_DASK_REQUIRE_SERVICES``).
+Checked: a dataset store written to S3 reads back as the local one; a fit from an ``s3://`` store
+and a fit with ``store_dir`` on S3 (a DP fit: the noisy rows, the ledger and the model store on S3)
+predict as the same fits on local stores; ``save``/``load`` to and from S3; the permuted copy
+(staging files and output) on S3; ``file://`` URLs are local paths; a remote store without its
+completion marker is not taken for a store; clear errors for an unknown protocol or a missing s3fs;
+no credential in the manifest. All on one in-process LocalCluster (2 workers x 1 thread).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 import urllib.request
 import uuid
 
+import dask.array as da
 import fsspec
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import MANIFEST_KEY, read_manifest
 from kahm_dask.pipeline.stores.model import cluster_done
+from kahm_dask.pipeline.training.permute import permuted_copy
 from kahm_dask.storage.location import COMPLETE_FILE, as_location
 from tests._kit import free_port, ledger_of, service_module, service_unavailable
 
@@ -113,6 +115,19 @@ def test_fit_from_an_s3_store_predicts_as_from_the_local_one(client, s3, digits,
     est = DaskKAHMClassifier(random_state=SEED, store_dir=tmp_path / "b", storage_options=s3).fit(remote_digits)
     np.testing.assert_array_equal(est.predict(digits.X_test), expected.predict(digits.X_test))
     assert float(est.score(remote_digits)) == expected.score(digits.X_train, digits.y_train)
+
+
+def test_the_permuted_copy_through_s3_equals_the_source_reordered(s3):
+    # the copies of rows larger than memory: staging files written with one PUT each and read
+    # back with ranged GETs, the output a Zarr array on S3
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((230, 6)).astype(np.float32)
+    order = rng.permutation(230)
+    root = _url("work")
+    target, staging = as_location(f"{root}/copy", s3), as_location(f"{root}/.copy.staging", s3)
+    out = permuted_copy(da.from_array(X, chunks=(50, 6)), order, target, staging, 64)
+    np.testing.assert_array_equal(out.compute(), X[order])
+    assert not staging.exists()
 
 
 @pytest.fixture(scope="module")

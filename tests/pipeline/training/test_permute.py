@@ -1,7 +1,8 @@
 """The permuted copy (kahm_dask/pipeline/training/permute.py): output row k is source row
-order[k], for any chunking of the source and of the output; the staging array is gone after
-the copy, also after a failure; an order that is not a permutation is refused before anything
-is written; the staging inner chunks divide the shard and stay within their byte target."""
+order[k], for any chunking of the source and of the output; the staging files are gone after
+the copy, also after a failure, and stale ones of an interrupted copy do not leak into the next;
+an order that is not a permutation is refused before anything is written; the gather reads the
+wanted rows in the wanted order, also across file boundaries."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from kahm_dask.pipeline.training.permute import STAGING_INNER_BYTES, permuted_copy, staging_inner_rows
+from kahm_dask.pipeline.training.permute import _gather, _stage_chunk, permuted_copy
 from kahm_dask.storage.location import as_location
 
 
@@ -47,26 +48,34 @@ def test_the_staging_array_is_removed_after_a_failure(tmp_path):
     assert not staging.exists()
 
 
-@pytest.mark.parametrize(("shard_rows", "row_bytes"), [(2048, 4096 * 4), (1000, 784 * 8), (7, 10**7), (997, 8)])
-def test_inner_chunks_divide_the_shard_within_their_byte_target(shard_rows, row_bytes):
-    inner = staging_inner_rows(shard_rows, row_bytes)
-    assert shard_rows % inner == 0
-    assert inner == 1 or inner * row_bytes <= STAGING_INNER_BYTES
-    # the largest such divisor: the next larger divisor breaks the byte target
-    larger = [d for d in range(inner + 1, shard_rows + 1) if shard_rows % d == 0]
-    assert not larger or larger[0] * row_bytes > STAGING_INNER_BYTES
+def test_stale_staging_files_of_an_interrupted_copy_are_not_read(tmp_path):
+    X = np.arange(40.0).reshape(20, 2)
+    staging = as_location(tmp_path / ".s")
+    stale = np.full((10, 2), -1.0)
+    for i in range(2):  # an earlier copy of other rows, killed before its clean-up
+        _stage_chunk(stale, np.arange(10)[:, None], staging, block_id=(i, 0))
+    order = np.random.default_rng(0).permutation(20)
+    out = permuted_copy(da.from_array(X, chunks=(10, 2)), order, as_location(tmp_path / "out"), staging, 10)
+    np.testing.assert_array_equal(out.compute(), X[order])
+    assert not staging.exists()
 
 
-@pytest.mark.parametrize("wanted", [[7], [3, 4, 5, 0, 1, 9], [9, 2, 8, 3, 7, 4, 6, 5], []])
+@pytest.mark.parametrize("wanted", [[7], [3, 4, 5, 0, 1, 9], [9, 2, 8, 3, 7, 4, 6, 5], [3, 4, 5, 6], []])
 def test_gather_returns_the_wanted_rows_in_the_wanted_order(tmp_path, wanted):
-    # runs of consecutive rows (read as one slice each), single rows and descending orders
-    import zarr
-
-    from kahm_dask.pipeline.training.permute import _gather
-
-    rows = np.arange(30, dtype=np.float64).reshape(10, 3)
-    zarr.create_array(str(tmp_path / "s.zarr"), data=rows, chunks=(2, 3), zarr_format=3)
+    # runs of consecutive rows (one read each), a run across two files ([3, 4, 5, 6] with files of
+    # four rows), single rows and descending orders
+    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
+    staging = as_location(tmp_path / ".s")
+    for i, start in enumerate(range(0, 10, 4)):  # files of 4, 4 and 2 rows, in staging order
+        _stage_chunk(rows[start:start + 4], np.arange(min(4, 10 - start))[:, None], staging, block_id=(i, 0))
     wanted = np.asarray(wanted, dtype=np.int64)
-    got = _gather(wanted, as_location(tmp_path / "s.zarr"))
-    assert got.shape == (wanted.size, 3)
+    got = _gather(wanted, staging, 4, 3, rows.dtype)
+    assert got.shape == (wanted.size, 3) and got.dtype == rows.dtype
     assert np.array_equal(got, rows[wanted])
+
+
+def test_a_staging_file_shorter_than_its_rows_is_an_error_not_garbage(tmp_path):
+    staging = as_location(tmp_path / ".s")
+    (staging / "0.rows").write_bytes(np.zeros((2, 3)).tobytes())
+    with pytest.raises(EOFError, match="ends before byte"):
+        _gather(np.array([0, 1, 2]), staging, 4, 3, np.dtype(np.float64))
