@@ -11,7 +11,7 @@ default, or with ``--dp-data fabricated`` on rows fabricated with ``r_value`` = 
 
     python -m benchmarks.bench_large [--pipeline pipelines/large_synthetic.yaml] [--n-samples N]
                                      [--epsilon 2 [--dp-data noisy|fabricated]] [--workers W]
-                                     [--name NAME]
+                                     [--n-probe K] [--name NAME]
 
 Weak scaling (the same rows per worker on 1 and 2 workers, ``large_weak_1.md`` and
 ``large_weak_2.md``): ``--workers 1 --n-samples 66048 --name large_weak_1``, then
@@ -76,6 +76,9 @@ def main(argv=None) -> None:
     ap.add_argument("--dp-data", choices=PARAMS["dp_data"].choices, default=PARAMS["dp_data"].default,
                     help="the DP rows the models are fitted on (with --epsilon)")
     ap.add_argument("--workers", type=int, help="override cluster.n_workers (each keeps its memory limit)")
+    ap.add_argument("--n-probe", type=int,
+                    help="route predictions and the membership distances to this many clusters per class "
+                         "(model.n_probe; default: every cluster, eq. 64)")
     ap.add_argument("--name", help="report name under benchmarks/results/ (default: large, or large_dp)")
     args = ap.parse_args(argv)
 
@@ -92,6 +95,8 @@ def main(argv=None) -> None:
         overrides["privacy.dp_data"] = args.dp_data
         if args.dp_data == "fabricated":
             overrides["privacy.r_value"] = FABRICATION_PASSES
+    if args.n_probe:
+        overrides["model.n_probe"] = args.n_probe
     if overrides:
         cfg = cfg.with_overrides(**overrides)
     dp = cfg.privacy.epsilon is not None
@@ -127,7 +132,9 @@ def main(argv=None) -> None:
         ["ingest (generate + write) s", metrics["ingest_seconds"]],
         ["train s (all stages)", metrics["fit_seconds"]],
         *[[f"… {stage} s", seconds] for stage, seconds in metrics["fit_stage_seconds"].items()],
+        ["prediction routing", f"n_probe = {cfg.model.n_probe}" if cfg.model.n_probe else "every cluster"],
         ["predict s", metrics["predict_seconds"]],
+        ["evaluate s (accuracy; membership distances of the training subset)", metrics["evaluate_seconds"]],
         ["total s (with cluster start)", round(total_s, 1)],
         ["test accuracy", round(metrics["accuracy"], 4)],
         ["attack AUC", round(metrics.get("attack_auc", float("nan")), 4)],

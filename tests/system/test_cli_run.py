@@ -30,8 +30,9 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
     run = tmp_path / "run"
     public, owner = run / "public", run / "owner"
     report = json.loads((owner / "report.json").read_text())
-    for key in ("accuracy", "mis", "attack_auc", "fit_seconds", "predict_seconds", "n_train", "n_test",
-                "epsilon", "delta", "d", "n_components", "n_layers", "seed", "privacy", "bounds_source"):
+    for key in ("accuracy", "mis", "attack_auc", "fit_seconds", "predict_seconds", "evaluate_seconds",
+                "n_train", "n_test", "epsilon", "delta", "d", "n_components", "n_layers", "seed", "privacy",
+                "bounds_source"):
         assert key in report
     assert report["accuracy"] > 0.85 and report["n_train"] == len(digits.y_train)
     assert report["delta"] == 0 and report["d"] == 1.0 and report["dp_data"] == "noisy"

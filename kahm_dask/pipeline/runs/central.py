@@ -238,10 +238,11 @@ def report_metrics(
     outputs: dict,
 ) -> dict:
     """The metrics of a run's ``report.json``, in order: the config's name, the ``quality``
-    metrics, the ``seconds`` of the stages ``fit`` (then ``fit_details``), ``predict`` and
-    ``ingest``, the data sizes (then ``run_details``), the cluster counts of the models'
-    training ``summaries``, the settings (:func:`settings_fields` with ``seed`` and the
-    :func:`release_fields`) and ``outputs`` (where the run wrote what)."""
+    metrics, the ``seconds`` of the stages ``fit`` (then ``fit_details``), ``predict``,
+    ``ingest`` and, where timed, ``evaluate`` (the accuracy and membership metrics), the data
+    sizes (then ``run_details``), the cluster counts of the models' training ``summaries``, the
+    settings (:func:`settings_fields` with ``seed`` and the :func:`release_fields`) and
+    ``outputs`` (where the run wrote what)."""
     fields = settings_fields(cfg, client)
     fields["seed"] = seed
     fields.update(release_fields([s["privacy"] for s in summaries]))
@@ -252,6 +253,7 @@ def report_metrics(
         **fit_details,
         "predict_seconds": round(seconds["predict"], 3),
         "ingest_seconds": round(seconds["ingest"], 3),
+        **({"evaluate_seconds": round(seconds["evaluate"], 3)} if "evaluate" in seconds else {}),
         "n_train": train.n_samples,
         "n_test": test.n_samples,
         "n_features": train.n_features,
@@ -311,7 +313,7 @@ def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: 
         predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress,
                          n_probe=cfg.model.n_probe, eval_dtype=cfg.model.eval_dtype)
     label = "membership metrics (owner only)" if cfg.evaluate.membership else "accuracy (owner only)"
-    with progress.stage(label):
+    with clock.stage("evaluate"), progress.stage(label):
         quality, d_train, d_test = evaluate(
             paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
             max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
