@@ -49,7 +49,7 @@ from zarr.core.sync import sync  # Zarr's own bridge from synchronous code to it
 
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.storage.atomic import sibling_path
-from kahm_dask.storage.codecs import MODEL_ARRAYS, model_chunks
+from kahm_dask.storage.codecs import MODEL_ARRAYS, ROW_ARRAYS, model_chunks
 from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location
 
 __all__ = [
@@ -180,7 +180,7 @@ async def _write_group(store, layer_states: list, meta: dict, info: dict, dp_row
         for layer, (arrays, _) in zip(layers, layer_states, strict=True) for name, arr in arrays.items()
     ]
     if dp_rows is not None:
-        writes.append(group.create_array(DP_ROWS, data=np.ascontiguousarray(dp_rows), overwrite=True))
+        writes.append(group.create_array(DP_ROWS, data=np.ascontiguousarray(dp_rows), overwrite=True, **ROW_ARRAYS))
     await _all(writes)
     await group.update_attributes({"deep": meta, "layers": [sc for _, sc in layer_states], "info": info})
 

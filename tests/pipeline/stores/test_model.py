@@ -226,8 +226,8 @@ def test_dp_rows_are_found_under_their_name_and_under_the_name_of_older_stores(t
 def test_model_arrays_are_stored_with_zstd_level_1_and_read_back_bit_for_bit(tmp_path, model):
     """Every layer array of a cluster carries the model store's codec (zstd, level 1: as small as
     Zarr's default level 3 on model arrays, and faster to write; kahm_dask/storage/codecs.py)
-    and its chunks (whole rows up to 8 MiB); the DP rows keep Zarr's default, and the model
-    read back is the model written."""
+    and its chunks (whole rows up to 8 MiB); the DP rows carry the rows' codec (zstd level 1
+    too), and the model read back is the model written."""
     from zarr.codecs import ZstdCodec
 
     dp_rows = RNG.random((40, 4))
@@ -239,7 +239,7 @@ def test_model_arrays_are_stored_with_zstd_level_1_and_read_back_bit_for_bit(tmp
     chunks = {name: arr.chunks for layer in layers for name, arr in layer.arrays()}
     written = {name: arr for arrays, _ in model.to_state()[0] for name, arr in arrays.items()}
     assert chunks == {name: model_chunks(arr) for name, arr in written.items()}
-    assert ZstdCodec(level=1) not in dp_rows_array(group).metadata.codecs
+    assert ZstdCodec(level=1) in dp_rows_array(group).metadata.codecs
     np.testing.assert_array_equal(dp_rows_array(group)[...], dp_rows)
     loaded = load_cluster(cluster_dir(tmp_path / "m", 0, 0))
     for (written, _), (read, _) in zip(model.to_state()[0], loaded.to_state()[0], strict=True):

@@ -1,14 +1,17 @@
 """The permuted copy (kahm_dask/pipeline/training/permute.py): output row k is source row
-order[k], for any chunking of the source and of the output; the staging files are gone after
-the copy, also after a failure, and stale ones of an interrupted copy do not leak into the next;
-an order that is not a permutation is refused before anything is written; the gather reads the
-wanted rows in the wanted order, also across file boundaries."""
+order[k], for any chunking of the source and of the output; the copy carries the rows' codec
+(zstd level 1); the staging files are gone after the copy, also after a failure, and stale ones
+of an interrupted copy do not leak into the next; an order that is not a permutation is refused
+before anything is written; the gather reads the wanted rows in the wanted order, also across
+file boundaries."""
 
 from __future__ import annotations
 
 import dask.array as da
 import numpy as np
 import pytest
+import zarr
+from zarr.codecs import ZstdCodec
 
 from kahm_dask.pipeline.training.permute import _gather, _stage_chunk, permuted_copy
 from kahm_dask.storage.location import as_location
@@ -25,6 +28,7 @@ def test_output_row_k_is_source_row_order_k(tmp_path, n, in_chunk, out_chunk, dt
     assert out.dtype == dtype and out.chunks[0][0] == min(out_chunk, n)
     np.testing.assert_array_equal(out.compute(), X[order])  # a copy: bit for bit
     assert not staging.exists()
+    assert ZstdCodec(level=1) in zarr.open_array(str(tmp_path / "out"), mode="r").metadata.codecs
 
 
 @pytest.mark.parametrize("order", [np.array([0, 1, 1]), np.array([0, 1, -1]), np.array([0, 1, 3]),

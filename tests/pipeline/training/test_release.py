@@ -182,6 +182,12 @@ def test_noisy_rows_keep_the_stored_dtype_and_the_public_grid(tmp_path):
     _train(store, tmp_path / "run", _settings(params=TrainParams(4, 1, epsilon=2.0, dp_data="noisy")))
     noisy = _noisy(tmp_path / "run")
     assert noisy.dtype == np.float32
+    # the release and the private rows carry the rows' codec (zstd level 1: storage/codecs.py)
+    from zarr.codecs import ZstdCodec
+
+    for arr in (zarr.open_array(str(tmp_path / "run" / "work" / NOISY), mode="r"),
+                zarr.open_group(store.path, mode="r")["X"]):
+        assert ZstdCodec(level=1) in arr.metadata.codecs, arr.metadata.codecs
     steps = noisy.astype(np.float64) * 1024  # lower 0, grid step d/1024 = 1/1024
     np.testing.assert_array_equal(steps, np.rint(steps))
     # the blockwise release of a big float32 chunk stays float32 (no float64 copy of it)
