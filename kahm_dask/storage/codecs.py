@@ -21,18 +21,18 @@ store uses level 1 (:data:`MODEL_ARRAYS`).
 
 Rows (the data store, the noisy release, the work store's copies, a model's DP rows) use level 1
 too (:data:`ROW_ARRAYS`). The noisy rows are why: the discrete Laplace mechanism puts them on a
-grid, where level 3 finds long matches slowly. One core, one 2048 × 4096 float32 chunk (32 MiB):
+grid, where level 3 searches for long matches slowly. One process, one 2048 × 4096 float32 chunk
+(32 MiB), ``python -m benchmarks.bench_codecs`` (write and read rate, compression ratio):
 
-==================================================  =====================  =====================
-rows                                                zstd level 3           zstd level 1
-==================================================  =====================  =====================
-(0, 1) features, like the 4 GiB run's private rows  612 MB/s, 1.13×        677 MB/s, 1.13×
-the same on a 2⁻⁸ grid plus integer Laplace noise   103 MB/s, 2.14×        216 MB/s, 2.06×
-==================================================  =====================  =====================
+==========================================  ======================  ======================
+rows                                        zstd level 3            zstd level 1
+==========================================  ======================  ======================
+(0, 1) features, like the 4 GiB run's       356, 627 MB/s, 1.13×    366, 577 MB/s, 1.13×
+the same, released at ε = 2 per entry       89, 397 MB/s, 1.90×     142, 456 MB/s, 1.73×
+==========================================  ======================  ======================
 
-(encode rate, compression ratio; both decode at the same rate at either level: 850 and 525 MB/s).
-On the 4 GiB DP run, whose noisy rows shrank 1.7× on disk, each copy of them took twice as long
-as the same copy of the private rows. A reader needs no setting, since a Zarr array records its
+On the 4 GiB DP run, while they were written at level 3, each copy of the noisy rows took twice
+as long as the same copy of the private rows. A reader needs no setting, since a Zarr array records its
 codecs and chunks.
 
 A model array is always read whole, so its chunks are whole rows, as many as fit in
