@@ -17,10 +17,10 @@ Gaussian, 975 × 4097            84.1 ms, 1.04×     69.1 ms, 1.04×
 ==============================  =================  ==================
 
 Reads take the same time at either level. Every training task writes one model, so the model
-store uses level 1 (:data:`MODEL_ARRAYS`).
+store uses level 1 (:data:`ARRAY_CODECS`).
 
 Rows (the data store, the noisy release, the work store's copies, a model's DP rows) use level 1
-too (:data:`ROW_ARRAYS`). The noisy rows are why: the discrete Laplace mechanism puts them on a
+too (the same :data:`ARRAY_CODECS`). The noisy rows are why: the discrete Laplace mechanism puts them on a
 grid, where level 3 searches for long matches slowly. One process, one 2048 × 4096 float32 chunk
 (32 MiB), ``python -m benchmarks.bench_codecs`` (write and read rate, compression ratio):
 
@@ -32,8 +32,8 @@ the same, released at ε = 2 per entry       89, 397 MB/s, 1.90×     142, 456 M
 ==========================================  ======================  ======================
 
 On the 4 GiB DP run, while they were written at level 3, each copy of the noisy rows took twice
-as long as the same copy of the private rows. A reader needs no setting, since a Zarr array records its
-codecs and chunks.
+as long as the same copy of the private rows. A reader needs no setting, since a Zarr array
+records its codecs and chunks.
 
 A model array is always read whole, so its chunks are whole rows, as many as fit in
 :data:`MODEL_CHUNK_BYTES` (:func:`model_chunks`): an MNIST cluster's β (about 1000 × 785) is one
@@ -48,13 +48,11 @@ from typing import Any
 import numpy as np
 from zarr.codecs import ZstdCodec
 
-__all__ = ["MODEL_ARRAYS", "MODEL_CHUNK_BYTES", "ROW_ARRAYS", "model_chunks"]
+__all__ = ["ARRAY_CODECS", "MODEL_CHUNK_BYTES", "model_chunks"]
 
-#: ``zarr.create_array`` keywords for a model array.
-MODEL_ARRAYS: dict[str, Any] = {"compressors": ZstdCodec(level=1)}
-
-#: ``zarr.create_array`` (and ``dask.array.to_zarr``) keywords for an array of rows.
-ROW_ARRAYS: dict[str, Any] = {"compressors": ZstdCodec(level=1)}
+#: ``zarr.create_array`` (and ``dask.array.to_zarr``) keywords for every array of rows or
+#: model weights the library writes.
+ARRAY_CODECS: dict[str, Any] = {"compressors": ZstdCodec(level=1)}
 
 #: The largest chunk of a model array, in uncompressed bytes (unless one row is larger).
 MODEL_CHUNK_BYTES = 8 * 2**20

@@ -51,7 +51,7 @@ from kahm_dask.pipeline.stores.rows import label_array, rows_per_chunk
 from kahm_dask.pipeline.stores.sources import Source, array_source, dask_source, resolve_source
 from kahm_dask.privacy.bounds import bounds_from_private_data
 from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
-from kahm_dask.storage.codecs import ROW_ARRAYS
+from kahm_dask.storage.codecs import ARRAY_CODECS
 from kahm_dask.storage.location import (
     COMPLETE_FILE,
     Location,
@@ -372,7 +372,7 @@ def _build_store(
             private_directory(tmp.path)  # 0700 before the first row is written
         group = zarr.open_group(tmp.zarr_store(), mode="w-", zarr_format=3)
         x = group.create_array("X", shape=(0, src.n_features), chunks=(rows, src.n_features),
-                               dtype=dtype, **ROW_ARRAYS)
+                               dtype=dtype, **ARRAY_CODECS)
         written = src.write_x(x)  # hashes the rows as it writes them: no second pass
         labels = label_array(written.labels, "y")
         classes, codes = _encode_labels(labels)

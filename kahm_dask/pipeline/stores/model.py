@@ -49,7 +49,7 @@ from zarr.core.sync import sync  # Zarr's own bridge from synchronous code to it
 
 from kahm_dask.deep import DeepKAHM
 from kahm_dask.storage.atomic import sibling_path
-from kahm_dask.storage.codecs import MODEL_ARRAYS, ROW_ARRAYS, model_chunks
+from kahm_dask.storage.codecs import ARRAY_CODECS, model_chunks
 from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location
 
 __all__ = [
@@ -176,11 +176,11 @@ async def _write_group(store, layer_states: list, meta: dict, info: dict, dp_row
     layers = [await group.require_group(f"layer{k}") for k in range(len(layer_states))]
     writes = [
         layer.create_array(name, data=np.ascontiguousarray(arr), chunks=model_chunks(arr), overwrite=True,
-                           **MODEL_ARRAYS)
+                           **ARRAY_CODECS)
         for layer, (arrays, _) in zip(layers, layer_states, strict=True) for name, arr in arrays.items()
     ]
     if dp_rows is not None:
-        writes.append(group.create_array(DP_ROWS, data=np.ascontiguousarray(dp_rows), overwrite=True, **ROW_ARRAYS))
+        writes.append(group.create_array(DP_ROWS, data=np.ascontiguousarray(dp_rows), overwrite=True, **ARRAY_CODECS))
     await _all(writes)
     await group.update_attributes({"deep": meta, "layers": [sc for _, sc in layer_states], "info": info})
 

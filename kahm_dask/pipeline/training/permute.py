@@ -33,7 +33,7 @@ import uuid
 import dask.array as da
 import numpy as np
 
-from kahm_dask.storage.codecs import ROW_ARRAYS
+from kahm_dask.storage.codecs import ARRAY_CODECS
 from kahm_dask.storage.location import Location
 
 __all__ = ["permuted_copy"]
@@ -115,7 +115,7 @@ def permuted_copy(source: da.Array, order: np.ndarray, target: Location, staging
         copy = wanted.map_blocks(_gather, staging, in_rows, n_features, source.dtype, new_axis=1,
                                  chunks=(wanted.chunks[0], (n_features,)), dtype=source.dtype,
                                  meta=np.empty((0, 0), source.dtype))
-        copy.to_zarr(url, storage_options=storage_options, overwrite=True, zarr_format=3, **ROW_ARRAYS)
+        copy.to_zarr(url, storage_options=storage_options, overwrite=True, zarr_format=3, **ARRAY_CODECS)
     finally:
         staging.remove()
     return da.from_zarr(url, storage_options=storage_options)

@@ -34,7 +34,7 @@ from kahm_dask.privacy.fingerprint import DataFingerprint
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import NoiseSource, as_noise_source
 from kahm_dask.privacy.release import Release, begin_release
-from kahm_dask.storage.codecs import ROW_ARRAYS
+from kahm_dask.storage.codecs import ARRAY_CODECS
 from kahm_dask.storage.location import (
     Location,
 )
@@ -162,7 +162,7 @@ def _draw_noisy_rows(
     source = as_noise_source(settings.insecure_noise_seed)
     url, storage_options = path.dask_target()
     noisy_array(X, release.mechanism, source, X.dtype).to_zarr(url, storage_options=storage_options, overwrite=True,
-                                                               zarr_format=3, **ROW_ARRAYS)
+                                                               zarr_format=3, **ARRAY_CODECS)
     mark_complete(path, binding)
     (work_path / PENDING_FILE).remove()
     return read_zarr(path)

@@ -44,7 +44,7 @@ def _failing_block(x):
     raise RuntimeError("a chunk could not be read")
 
 
-def test_the_staging_array_is_removed_after_a_failure(tmp_path):
+def test_the_staging_files_are_removed_after_a_failure(tmp_path):
     X = da.from_array(np.ones((10, 2)), chunks=(5, 2)).map_blocks(_failing_block, meta=np.empty((0, 0)))
     staging = as_location(tmp_path / ".s")
     with pytest.raises(RuntimeError, match="could not be read"):
