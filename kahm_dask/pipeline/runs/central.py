@@ -239,10 +239,10 @@ def report_metrics(
 ) -> dict:
     """The metrics of a run's ``report.json``, in order: the config's name, the ``quality``
     metrics, the ``seconds`` of the stages ``fit`` (then ``fit_details``), ``predict``,
-    ``ingest`` and, where timed, ``evaluate`` (the accuracy and membership metrics), the data
-    sizes (then ``run_details``), the cluster counts of the models' training ``summaries``, the
-    settings (:func:`settings_fields` with ``seed`` and the :func:`release_fields`) and
-    ``outputs`` (where the run wrote what)."""
+    ``ingest`` and ``evaluate`` (the accuracy and membership metrics), the data sizes (then
+    ``run_details``), the cluster counts of the models' training ``summaries``, the settings
+    (:func:`settings_fields` with ``seed`` and the :func:`release_fields`) and ``outputs``
+    (where the run wrote what)."""
     fields = settings_fields(cfg, client)
     fields["seed"] = seed
     fields.update(release_fields([s["privacy"] for s in summaries]))
@@ -253,7 +253,7 @@ def report_metrics(
         **fit_details,
         "predict_seconds": round(seconds["predict"], 3),
         "ingest_seconds": round(seconds["ingest"], 3),
-        **({"evaluate_seconds": round(seconds["evaluate"], 3)} if "evaluate" in seconds else {}),
+        "evaluate_seconds": round(seconds["evaluate"], 3),
         "n_train": train.n_samples,
         "n_test": test.n_samples,
         "n_features": train.n_features,

@@ -251,22 +251,23 @@ def _run_federated(
                                      eval_dtype=cfg.model.eval_dtype)
         arrays = {LABEL: decision.label, MIN_DISTANCE: decision.min_distance, SITE: decision.site}
         store_arrays(arrays, paths.predictions, client, {"classes": list(train.classes)})
-    group = zarr.open_group(str(paths.predictions), mode="r")
-    quality = {
-        "accuracy": accuracy(group, LABEL, test),
-        "site_wins": np.bincount(group[SITE][...], minlength=fed.sites).tolist(),
-    }
-    if cfg.evaluate.membership:
-        with progress.stage("membership metrics, site by site (owner only)"):
-            per_site = [
-                site_membership(q, store, model_paths[q], layout.answers(q, "test"), layout.membership(q), client,
-                                max_train_rows=cfg.evaluate.max_train_rows,
-                                seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe,
-                                eval_dtype=cfg.model.eval_dtype)
-                for q, store in enumerate(stores)
-            ]
-        quality.update(membership_summary(per_site))
-        quality["site_membership"] = quality.pop("sites")
+    with clock.stage("evaluate"):
+        group = zarr.open_group(str(paths.predictions), mode="r")
+        quality = {
+            "accuracy": accuracy(group, LABEL, test),
+            "site_wins": np.bincount(group[SITE][...], minlength=fed.sites).tolist(),
+        }
+        if cfg.evaluate.membership:
+            with progress.stage("membership metrics, site by site (owner only)"):
+                per_site = [
+                    site_membership(q, store, model_paths[q], layout.answers(q, "test"), layout.membership(q),
+                                    client, max_train_rows=cfg.evaluate.max_train_rows,
+                                    seed=cfg.data.split_seed, pin=fed.pin_sites, n_probe=cfg.model.n_probe,
+                                    eval_dtype=cfg.model.eval_dtype)
+                    for q, store in enumerate(stores)
+                ]
+            quality.update(membership_summary(per_site))
+            quality["site_membership"] = quality.pop("sites")
 
     metrics = report_metrics(
         cfg, client, quality, clock.seconds, train, test, summaries, seed=cfg.seed,

@@ -162,6 +162,7 @@ def test_federated_pipeline_equals_in_memory_and_keeps_rows_at_their_site(
     np.testing.assert_array_equal(group["site"][:], want.site)
     assert report["accuracy"] == pytest.approx(fed.score(digits.X_test, digits.y_test))
     assert report["site_sizes"] == [int(r.size) for r in sites]
+    assert report["evaluate_seconds"] > 0  # timed like a central run's evaluation
 
     # ---- membership: per-site reports equal the in-memory site-local evaluation
     mem = fed.membership_evaluation([digits.X_train[rows] for rows in sites], digits.X_test,
