@@ -246,11 +246,13 @@ def partition_classes(
     rows and seed). A larger class, when ``kmeans_dims`` < p and three times its (N_c,
     kmeans_dims) float64 coordinates fit ``task_bytes``, gets the same k-means in one task on
     its :func:`principal_coordinates`. Any other class is partitioned out of core by
-    :func:`partition_class` (k-means‖ + dask-ml); one whose rows take at most ``persist_bytes`` is held in worker
-    memory while its Lloyd iterations run, and such classes run concurrently only as far as
-    their held rows fit ``persist_bytes`` together. With ``max_cluster_rows``, a cluster larger
-    than that is split (:func:`~kahm_dask.partition.cap_cluster_rows`), which bounds the memory
-    of every training task.
+    :func:`partition_class` (k-means‖ + dask-ml). A class of either of the last two kinds whose
+    rows take at most ``persist_bytes`` is held in worker memory while its SVD passes or Lloyd
+    iterations run (read once from the store instead of once per pass; the same labels), and
+    such classes run concurrently only as far as their held rows fit ``persist_bytes`` together.
+    With ``max_cluster_rows``, a cluster larger than that is split
+    (:func:`~kahm_dask.partition.cap_cluster_rows`), which bounds the memory of every training
+    task.
     """
     labels = np.zeros(X_by_class.shape[0], dtype=np.int64)
     mcs = min_cluster_size or default_min_cluster_size(n_components)
@@ -271,21 +273,28 @@ def partition_classes(
         for (_, a, b, _), part in zip(in_task, dask.compute(*tasks), strict=True):
             labels[a:b] = part
 
+    def held(Xc: da.Array) -> da.Array:
+        """The class's rows, persisted in worker memory when they take at most ``persist_bytes``:
+        the passes of its SVD or Lloyd iterations then read memory, not Zarr."""
+        return Xc.persist() if Xc.nbytes <= persist_bytes else Xc
+
+    def concurrency(classes: list[tuple[int, int, int, int]]) -> int:
+        """Classes fitted at once: ``max_concurrent_classes``, or as many as their held rows fit
+        ``persist_bytes`` together."""
+        sizes = [(b - a) * row_bytes for _, a, b, _ in classes if (b - a) * row_bytes <= persist_bytes]
+        limit = max_concurrent_classes if not sizes else persist_bytes // max(sizes)
+        return max(1, min(len(classes), limit, max_concurrent_classes))
+
     def project_class(job: tuple[int, int, int, int]) -> None:
         c, a, b, S = job
         class_seed = child_seed_sequence(seed, c)
-        Z = principal_coordinates(X_by_class[a:b], kmeans_dims, class_seed)
+        Z = principal_coordinates(held(X_by_class[a:b]), kmeans_dims, class_seed)
         labels[a:b] = dask.delayed(partition_in_task, pure=True)(Z, S, mcs, class_seed, n_init, None).compute()
-    held = [(b - a) * row_bytes for _, a, b, _ in out_of_core if (b - a) * row_bytes <= persist_bytes]
-    concurrency = max_concurrent_classes if not held else persist_bytes // max(held)
 
     def one_class(job: tuple[int, int, int, int]) -> None:
         c, a, b, S = job
-        Xc = X_by_class[a:b]
-        if Xc.nbytes <= persist_bytes:
-            Xc = Xc.persist()
         labels[a:b] = partition_class(
-            Xc,
+            held(X_by_class[a:b]),
             S,
             min_cluster_size=mcs,
             seed=child_seed_sequence(seed, c),
@@ -296,9 +305,9 @@ def partition_classes(
 
     # Classes are independent: fitting them concurrently overlaps the per-pass scheduling
     # latency (each SVD pass and Lloyd step is a small graph). Results do not depend on order.
-    with ThreadPoolExecutor(max_workers=max(1, min(len(projected), max_concurrent_classes))) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency(projected)) as pool:
         list(pool.map(project_class, projected))
-    with ThreadPoolExecutor(max_workers=max(1, min(len(out_of_core), concurrency, max_concurrent_classes))) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency(out_of_core)) as pool:
         list(pool.map(one_class, out_of_core))
     for _, a, b in class_bounds:
         labels[a:b] = cap_cluster_rows(labels[a:b], max_cluster_rows)

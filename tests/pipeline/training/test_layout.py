@@ -9,7 +9,7 @@ import pytest
 import zarr
 
 from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
-from kahm_dask.pipeline.training.partition import partition_classes, scalable_kmeans_init
+from kahm_dask.pipeline.training.partition import POWER_ITERATIONS, partition_classes, scalable_kmeans_init
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_out_of_core_principal_coordinates_keep_every_distance_of_low_rank_rows(
     coordinates are an isometry of the centred rows: their Gram matrices agree up to the
     rounding of the 2q + 3 passes (bound: 10·u·N·p for each, and one more, relative to the
     largest entry)."""
-    from kahm_dask.pipeline.training.partition import POWER_ITERATIONS, principal_coordinates
+    from kahm_dask.pipeline.training.partition import principal_coordinates
 
     X, _ = _low_rank_classes()
     Y = X[:400]
@@ -144,3 +144,35 @@ def test_a_class_too_large_for_a_task_is_clustered_in_its_principal_coordinates(
     np.testing.assert_array_equal(projected, in_task)
     with pytest.raises(TypeError):  # and below that, the class takes the dask-ml route
         partition_classes(Xg, layout.bounds, task_bytes=3 * 400 * 8 * 20 - 1, **kw)
+
+
+class _CountingRows:
+    """Rows that count the blocks read from them (a stand-in for a Zarr array)."""
+
+    def __init__(self, X: np.ndarray) -> None:
+        self.X, self.shape, self.dtype, self.ndim, self.reads = X, X.shape, X.dtype, X.ndim, 0
+
+    def __getitem__(self, key):
+        self.reads += 1
+        return self.X[key]
+
+
+def test_a_projected_class_held_in_memory_is_read_once_with_the_same_labels():
+    """Holding a class in worker memory (its rows within ``persist_bytes``) makes the 2q + 3
+    passes of its principal coordinates read memory instead of the store: each block of the
+    class is read once, and the labels are the streamed ones (the same arithmetic)."""
+    X, y = _low_rank_classes()
+    layout = class_layout(y)
+    kw = dict(n_components=5, block_size=200, s_rule="round", min_cluster_size=None,
+              seed=np.random.SeedSequence(9), kmeans_dims=20, task_bytes=3 * 400 * 8 * 20)
+    results = {}
+    for persist_bytes in (0, 400 * X.shape[1] * X.itemsize):
+        rows = _CountingRows(X[layout.order])
+        Xg = da.from_array(rows, chunks=(96, -1))
+        rows.reads = 0  # from_array's own look at the rows (their meta)
+        results[persist_bytes] = partition_classes(Xg, layout.bounds, persist_bytes=persist_bytes, **kw), rows.reads
+    blocks = sum(len(range(a // 96, (b - 1) // 96 + 1)) for _, a, b in layout.bounds)  # blocks each class overlaps
+    (streamed, streamed_reads), (held, held_reads) = results.values()
+    np.testing.assert_array_equal(held, streamed)
+    assert held_reads == blocks
+    assert streamed_reads >= (2 * POWER_ITERATIONS + 3) * blocks
