@@ -180,10 +180,10 @@ def evaluate(model, predictions, train_store, test_store, membership, max_train_
 
     try:
         cluster = cluster_cfg(scheduler, cluster_config, n_workers, memory_limit, dashboard_address)
-        with interruptible("evaluation"), session.connect(cluster):
+        with interruptible("evaluation"), session.connect(cluster) as client:
             with ConsoleProgress().stage("membership metrics (owner only)" if membership else "accuracy"):
                 metrics, _, _ = evaluate_run(
-                    model, predictions, open_dataset(train_store), open_dataset(test_store),
+                    model, predictions, open_dataset(train_store), open_dataset(test_store), client=client,
                     membership=membership, max_train_rows=max_train_rows, seed=seed,
                 )
     except user_errors() as exc:

@@ -28,7 +28,8 @@ from kahm_dask.pipeline.cluster import connect
 from kahm_dask.pipeline.config import ClusterConfig
 from kahm_dask.pipeline.placement import model_homes
 from kahm_dask.pipeline.predict import DISTANCES, class_distance_array, predict_to_store
-from kahm_dask.pipeline.stores.dataset import write_dataset
+from kahm_dask.pipeline.runs.central import evaluate
+from kahm_dask.pipeline.stores.dataset import open_dataset, write_dataset
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cluster_location
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
@@ -61,6 +62,7 @@ def model(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("placement")
     X, y = make_class_blobs(3300, 8, 3, random_state=0)
     store = write_dataset(tmp / "t.zarr", X[:2500], y[:2500], chunk_rows=500)
+    write_dataset(tmp / "q.zarr", X[2500:], y[2500:], chunk_rows=200)
     train_pipeline(store, tmp / "m.zarr", tmp / "w", TrainSettings(TrainParams(5, 1), seed=1, block_size=300),
                    progress=False)
     return tmp, X[2500:]
@@ -126,6 +128,36 @@ def test_each_model_is_loaded_by_its_home_worker_only(model, kind, monkeypatch):
             lazy = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe,
                                         workers=workers)
             assert client.compute(lazy).result().tobytes() == ref.tobytes()
+
+
+def test_the_membership_distances_are_computed_on_the_models_homes(model):
+    # the evaluation meets every model again (the training rows' distances): on a client it
+    # runs where the prediction left each model, and its values are those of the default scheduler
+    tmp, Q = model
+    train, test = open_dataset(tmp / "t.zarr"), open_dataset(tmp / "q.zarr")
+    entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
+    paths = [str(cluster_location(tmp / "m.zarr", e["class"], e["cluster"])) for e in entries]
+    predict_to_store(tmp / "m.zarr", test.X(), tmp / "p-eval-ref.zarr")
+    reference = evaluate(tmp / "m.zarr", tmp / "p-eval-ref.zarr", train, test, max_train_rows=600)
+    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+        with connect(ClusterConfig(n_workers=2, processes=True)) as client:
+            client.wait_for_workers(2)
+            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            expected = {w: {p for p, h in zip(paths, model_homes([e["n_rows"] for e in entries], workers),
+                                               strict=True) if h == w} for w in workers}
+            client.run(_forget_models)
+            metrics, d_train, _ = evaluate(tmp / "m.zarr", tmp / "p-eval-ref.zarr", train, test, client=client,
+                                           max_train_rows=600)
+            assert client.run(_cached_models) == expected
+    assert d_train.tobytes() == reference[1].tobytes()
+    assert metrics == reference[0]
+
+
+def _forget_models() -> None:
+    """Runs on a worker: empty its model cache."""
+    from kahm_dask.pipeline.stores import model as store
+
+    store._CACHE.clear()
 
 
 def test_without_homes_the_workers_load_the_same_models(model):

@@ -39,9 +39,11 @@ from distributed import Client
 from threadpoolctl import threadpool_limits
 
 from kahm_dask.federated import membership_fields
+from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.config import PipelineConfig
 from kahm_dask.pipeline.estimator import DaskKAHMClassifier
+from kahm_dask.pipeline.placement import worker_addresses
 from kahm_dask.pipeline.predict import (
     DISTANCES,
     PREDICTIONS,
@@ -193,21 +195,23 @@ def membership_metrics(d_train: np.ndarray, d_test: np.ndarray, seed: int) -> di
 
 
 def evaluate(
-    model_path: Path, pred_path: Path, train: DatasetStore, test: DatasetStore, *,
+    model_path: Path, pred_path: Path, train: DatasetStore, test: DatasetStore, *, client: Client | None = None,
     membership: bool = True, max_train_rows: int | None = None, seed: int = 0, n_probe: int | None = None,
     eval_dtype: str = "float64",
 ) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
     """Accuracy from stored predictions; membership score and attack on the original
     training rows (or their seeded subset) vs the test rows, their distances computed as the
-    predictions were (``n_probe``, ``eval_dtype``). Computed on private rows: the result
-    belongs to the owner's folder."""
+    predictions were (``n_probe``, ``eval_dtype``), on ``client`` (each model on its home
+    worker, where the prediction loaded it) or Dask's default scheduler. Computed on private
+    rows: the result belongs to the owner's folder."""
     group = zarr.open_group(str(pred_path), mode="r")
     metrics = {"accuracy": accuracy(group, PREDICTIONS, test)}
     if not membership:
         return metrics, None, None
     d_test = np.min(group[DISTANCES][...], axis=1)
     X = member_rows(train, max_train_rows, seed)
-    d_train = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype).min(axis=1).compute()
+    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype, workers=worker_addresses(client))
+    d_train = compute(D.min(axis=1), client, optimize_graph=False)  # as built: keeps the homes
     # one BLAS thread in the client: its small eigendecompositions stall with two threads on a
     # busy machine (measured: 57 s instead of 1.2 s for the quickstart's metric)
     with threadpool_limits(limits=1, user_api="blas"):
@@ -315,7 +319,7 @@ def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: 
     label = "membership metrics (owner only)" if cfg.evaluate.membership else "accuracy (owner only)"
     with clock.stage("evaluate"), progress.stage(label):
         quality, d_train, d_test = evaluate(
-            paths.model, paths.predictions, train, test, membership=cfg.evaluate.membership,
+            paths.model, paths.predictions, train, test, client=client, membership=cfg.evaluate.membership,
             max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
             eval_dtype=cfg.model.eval_dtype,
         )
