@@ -8,6 +8,7 @@ ratios against baselines measured in the same run.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import resource
@@ -147,6 +148,28 @@ def write_report(name: str, title: str, facts: dict[str, str], sections: Sequenc
     path = RESULTS / f"{name}.md"
     path.write_text("\n".join(parts) + "\n")
     return path
+
+
+def raw_results(path: Path) -> dict:
+    """The JSON of a results file's "Raw results (JSON)" section (perf_mnist, perf_scaling)."""
+    text = Path(path).read_text()
+    start = text.index("## Raw results (JSON)")
+    body = text[text.index("```json", start) + len("```json"):]
+    return json.loads(body[: body.index("```")])
+
+
+def quantity_table(path: Path) -> dict[str, str]:
+    """The rows of a results file's two-column "quantity | value" table (bench_large), by quantity."""
+    rows, inside = {}, False
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("| quantity | value |"):
+            inside = True
+        elif inside and line.startswith("|") and not line.startswith("|---"):
+            quantity, value = (cell.strip() for cell in line.strip("|").split("|", 1))
+            rows[quantity] = value
+        elif inside and not line.startswith("|"):
+            break
+    return rows
 
 
 # --------------------------------------------------------------------------- performance helpers

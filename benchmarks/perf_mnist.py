@@ -40,9 +40,11 @@ from benchmarks._harness import (
     baseline_commit,
     blas_threads,
     blas_threads_loaded,
+    kahm_predict_flops,
     load_mnist,
     machine_facts,
     markdown_table,
+    matmul_rates,
     timed,
     write_report,
 )
@@ -69,20 +71,21 @@ def _kahm(args, **kw):
     return KAHMClassifier(20, args.layers, 1000, random_state=0, **kw)
 
 
-def _disable_distance_cache() -> None:
-    pass
-
-
-
-def run_memory(X, y, Xt, yt, args, *, threads: int | None, **kw) -> dict:
-    """Fit and the exhaustive prediction; on the new code also the routed one."""
-    _disable_distance_cache()
+def run_memory(X, y, Xt, yt, args, *, threads: int | None, gemm_floor: bool = False, **kw) -> dict:
+    """Fit and the exhaustive prediction; on the new code also the routed one. With
+    ``gemm_floor``, also the prediction's counted GFLOP and this process's one-core float64
+    GEMM rate (by CPU time, one BLAS thread): the prediction's floor on 2 cores is
+    GFLOP / (2 × rate)."""
     with blas_threads_loaded(threads) if threads else nullcontext():
         clf = _kahm(args, **kw)
         fit_s, _ = timed(lambda: clf.fit(X, y))
         pred_s, D = timed(lambda: clf.class_distances(Xt))
         out = {"fit_s": fit_s, "predict_s": pred_s, "accuracy": float(np.mean(clf.classes_[D.argmin(1)] == yt)),
                "n_clusters": int(np.sum(clf.n_branches_))}
+        if gemm_floor:
+            with blas_threads(1):
+                out.update(predict_gflop=kahm_predict_flops(clf, len(Xt)) / 1e9,
+                           gemm_gflops_one_core=matmul_rates()[1])
         if "n_probe" in clf.get_params():
             clf.set_params(n_probe=args.n_probe)
             routed_s, R = timed(lambda: clf.class_distances(Xt))
@@ -175,7 +178,7 @@ def worker(row: str, args) -> dict:
         elif row in ("base_dask2", "new_dask2"):
             out = run_dask(X, y, Xt, yt, args)
         elif row == "new":
-            out = run_memory(X, y, Xt, yt, args, threads=None, n_jobs=2)
+            out = run_memory(X, y, Xt, yt, args, threads=None, gemm_floor=True, n_jobs=2)
         elif row == "new_dp":
             out = run_memory(X, y, Xt, yt, args, threads=None, n_jobs=2, epsilon=args.epsilon, bounds=MNIST_BOUNDS,
                              dp_data="fabricated")
@@ -186,6 +189,7 @@ def worker(row: str, args) -> dict:
     import kahm_dask
 
     out.setdefault("n_test", Xt.shape[0])
+    out["n_train"] = len(X)
     out.update(peak_rss_mib=rss.peak_mib, load_avg_before=load, load_avg_after=os.getloadavg()[0],
                kahm_dask_from=str(Path(kahm_dask.__file__).parent))
     return out
