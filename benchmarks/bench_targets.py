@@ -5,9 +5,10 @@ for a baseline checkout (``--baseline-root``, the code before the work on the ta
 tree, one after the other in one sitting, each as a subprocess run in its checkout (so that it and
 its Dask workers import that checkout's code) with its own privacy ledger directory:
 
-* ``mnist``    — :mod:`benchmarks.perf_mnist`, rows ``base``, ``base_dask2``, ``new``, ``new_dask2``
-  and ``naive``: the Dask pipeline against the in-memory estimator of the same code, and the
-  in-memory prediction against a plain one-thread NumPy implementation and its GEMM floor;
+* ``mnist``    — :mod:`benchmarks.perf_mnist`, rows ``base_jobs2``, ``base_dask2``, ``new``,
+  ``new_dask2`` and ``naive``: the Dask pipeline against the in-memory estimator (``n_jobs=2``)
+  of the same code, and the in-memory prediction against a plain one-thread NumPy
+  implementation and against its GEMM floor;
 * ``scaling``  — each checkout's own :mod:`benchmarks.perf_scaling` (Dask, 60 000 and 600 000
   synthetic rows): how the routed prediction grows from 60 to 600 clusters;
 * ``large``, ``large_dp`` — each checkout's own :mod:`benchmarks.bench_large` on the 4 GiB data
@@ -88,8 +89,8 @@ def measure(args, base: Path) -> dict:
     ledgers = {"base": where / "ledgers-base", "new": where / "ledgers-new"}
     out: dict = {}
     if "mnist" in args.parts:
-        _run(new, "perf_mnist", ["--layers", "1", "--rows", "base", "base_dask2", "new", "new_dask2", "naive",
-                                 "--baseline-root", str(base), "--n-train", str(args.n_train),
+        _run(new, "perf_mnist", ["--layers", "1", "--rows", "base_jobs2", "base_dask2", "new", "new_dask2",
+                                 "naive", "--baseline-root", str(base), "--n-train", str(args.n_train),
                                  "--name", f"{name}_mnist"], ledgers["new"])
         out["mnist"] = raw_results(RESULTS / f"{name}_mnist.md")
     if "scaling" in args.parts:
@@ -140,7 +141,7 @@ def _ratio_row(work: str, target: float, base: float, new: float, how: str) -> l
 def mnist_rows(r: dict) -> list[list]:
     """The MNIST targets: Dask over in-memory (fit, predict, routed), and the in-memory
     prediction against the naive implementation and against its GEMM floor."""
-    b, bd, n, nd, naive = r["base"], r["base_dask2"], r["new"], r["new_dask2"], r["naive"]
+    b, bd, n, nd, naive = r["base_jobs2"], r["base_dask2"], r["new"], r["new_dask2"], r["naive"]
     rows = [
         _ratio_row(f"MNIST {n['n_train']} rows, L = 1: Dask pipeline fit (2 workers × 1 thread) / "
                    "`KAHMClassifier(n_jobs=2)` fit",

@@ -8,8 +8,9 @@ subprocess per row (its own peak RSS), the load average recorded before each row
   the exhaustive prediction, and the routed one (``n_probe``) on the same model;
 * ``new_dp``     — the same, DP fabricated data (ε = ``--epsilon``, public bounds [0, tanh 1]);
 * ``new_dask2``  — the Dask pipeline on a LocalCluster of 2 single-threaded worker processes;
-* ``base``, ``base_1t``, ``base_dask2`` — the same API from the checkout at ``--baseline-root``
-  (the code before this round; default BLAS threads, one BLAS thread, the pipeline);
+* ``base``, ``base_1t``, ``base_jobs2``, ``base_dask2`` — the same API from the checkout at
+  ``--baseline-root`` (the code before this round; default BLAS threads, one BLAS thread,
+  ``n_jobs=2``, the pipeline);
 * ``naive``      — :mod:`benchmarks.naive`, the paper's formulation (explicit inverse), on
   ``--naive-test-rows`` test rows;
 * ``logreg``, ``knn`` — scikit-learn's LogisticRegression (lbfgs, 200 iterations) and
@@ -49,10 +50,11 @@ from benchmarks._harness import (
     write_report,
 )
 
-ROWS = ("base", "base_1t", "base_dask2", "new", "new_dp", "new_dask2", "naive", "logreg", "knn")
+ROWS = ("base", "base_1t", "base_jobs2", "base_dask2", "new", "new_dp", "new_dask2", "naive", "logreg", "knn")
 LABELS = {
     "base": "baseline code, KAHMClassifier, default BLAS threads",
     "base_1t": "baseline code, KAHMClassifier, 1 BLAS thread",
+    "base_jobs2": "baseline code, KAHMClassifier, n_jobs=2",
     "base_dask2": "baseline code, Dask pipeline, 2 workers × 1 thread",
     "new": "new code, KAHMClassifier, n_jobs=2",
     "new_dp": "new code, KAHMClassifier DP fabricated, n_jobs=2",
@@ -175,6 +177,8 @@ def worker(row: str, args) -> dict:
             out = run_memory(X, y, Xt, yt, args, threads=None)
         elif row == "base_1t":
             out = run_memory(X, y, Xt, yt, args, threads=1)
+        elif row == "base_jobs2":
+            out = run_memory(X, y, Xt, yt, args, threads=None, n_jobs=2)
         elif row in ("base_dask2", "new_dask2"):
             out = run_dask(X, y, Xt, yt, args)
         elif row == "new":
@@ -241,8 +245,8 @@ def _float32_table(results: dict) -> str:
 
 def _ratios(results: dict) -> str:
     """New rows against the baseline rows of the same run."""
-    pairs = [("new", "base"), ("new", "base_1t"), ("new_dask2", "base_dask2"), ("new_dp", "new"),
-             ("base_dask2", "base"), ("new_dask2", "new")]
+    pairs = [("new", "base"), ("new", "base_1t"), ("new", "base_jobs2"), ("new_dask2", "base_dask2"),
+             ("new_dp", "new"), ("base_dask2", "base"), ("base_dask2", "base_jobs2"), ("new_dask2", "new")]
     rows = []
     for a, b in pairs:
         if a in results and b in results:
