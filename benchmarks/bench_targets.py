@@ -24,7 +24,8 @@ value meets the target or misses it by how much.
                                        large_dp stages] [--where /scratch] [--name targets]
 
 About 80 minutes on the 2-core machine of docs/performance.md (the four 4 GiB runs take about 50).
-``--n-train`` / ``--n-samples`` / ``--sizes`` shrink the data for a smoke run.
+``--n-train`` / ``--n-samples`` / ``--sizes`` shrink the data for a smoke run; ``--report-only``
+rebuilds the summary's table from the raw results it holds.
 """
 
 from __future__ import annotations
@@ -128,10 +129,11 @@ def measure(args, base: Path) -> dict:
 
 
 def _verdict(value: float, target: float, unit: str = "×") -> str:
-    """'met' or 'missed by …' for a value that must not exceed ``target``."""
+    """'met' or 'missed by …' for a value that must not exceed ``target`` (the excess to two
+    significant digits, so that a near miss does not read 'missed by 0.00')."""
     if value <= target:
         return "met"
-    return f"missed by {value - target:.2f}{unit}" if unit == "×" else f"missed by {value - target:.1f} {unit}"
+    return f"missed by {value - target:.2g}{unit}" if unit == "×" else f"missed by {value - target:.2g} {unit}"
 
 
 def _ratio_row(work: str, target: float, base: float, new: float, how: str) -> list:
@@ -249,24 +251,8 @@ def stage_rows(r: dict) -> list[list]:
              _verdict(ratio, 2.0), listing]]
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline-root", type=Path, required=True, help="checkout of the code to compare with")
-    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    ap.add_argument("--where", type=Path, default=Path("/tmp/kahm-targets"), help="folder for the runs' stores")
-    ap.add_argument("--name", default="targets")
-    ap.add_argument("--n-train", type=int, default=0, help="MNIST training rows (0: all; for smoke runs)")
-    ap.add_argument("--sizes", type=int, nargs=2, default=[60_000, 600_000], help="perf_scaling's two sizes")
-    ap.add_argument("--n-samples", type=int, default=0, help="rows of the large runs (0: the pipeline file's)")
-    args = ap.parse_args(argv)
-    base = args.baseline_root.resolve()
-    args.where.mkdir(parents=True, exist_ok=True)
-    facts = machine_facts(1)
-    facts["baseline code"] = baseline_commit(base)
-    facts["today's code"] = baseline_commit(ROOT)
-    t0 = time.perf_counter()
-    r = measure(args, base)
-    facts["sitting"] = f"{(time.perf_counter() - t0) / 60:.0f} min, parts in this order: {', '.join(args.parts)}"
+def summary_rows(r: dict) -> list[list]:
+    """The summary table's rows from the parts' results ``r`` (those that ran)."""
     rows = []
     if "mnist" in r:
         rows += mnist_rows(r["mnist"])
@@ -278,6 +264,47 @@ def main(argv=None) -> None:
         rows += large_rows("large_dp", r["large_dp"], 12.0)
     if "stages" in r:
         rows += stage_rows(r["stages"])
+    return rows
+
+
+TABLE_HEADERS = ["work", "target", "baseline", "today", "today / baseline", "verdict", "measured"]
+
+
+def rebuild(path: Path) -> Path:
+    """Rewrite the Targets table of an existing summary from its raw results (its facts, notes and
+    measurements stay as they are): ``--report-only``."""
+    text = path.read_text()
+    start = text.index("## Targets\n\n") + len("## Targets\n\n")
+    end = text.index("\n\n## Notes", start)
+    path.write_text(text[:start] + markdown_table(TABLE_HEADERS, summary_rows(raw_results(path))) + text[end:])
+    return path
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline-root", type=Path, help="checkout of the code to compare with (required to measure)")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    ap.add_argument("--where", type=Path, default=Path("/tmp/kahm-targets"), help="folder for the runs' stores")
+    ap.add_argument("--name", default="targets")
+    ap.add_argument("--n-train", type=int, default=0, help="MNIST training rows (0: all; for smoke runs)")
+    ap.add_argument("--sizes", type=int, nargs=2, default=[60_000, 600_000], help="perf_scaling's two sizes")
+    ap.add_argument("--n-samples", type=int, default=0, help="rows of the large runs (0: the pipeline file's)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild the Targets table of benchmarks/results/<name>.md from its raw results")
+    args = ap.parse_args(argv)
+    if args.report_only:
+        print(rebuild(RESULTS / f"{args.name}.md").read_text())
+        return
+    if args.baseline_root is None:
+        ap.error("--baseline-root is required to measure (only --report-only goes without it)")
+    base = args.baseline_root.resolve()
+    args.where.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts(1)
+    facts["baseline code"] = baseline_commit(base)
+    facts["today's code"] = baseline_commit(ROOT)
+    t0 = time.perf_counter()
+    r = measure(args, base)
+    facts["sitting"] = f"{(time.perf_counter() - t0) / 60:.0f} min, parts in this order: {', '.join(args.parts)}"
     kept = sorted(p.name for p in RESULTS.glob(f"{args.name}_*.md"))
     notes = ("* One sitting: every part ran the baseline first, then today's code, one subprocess each; each "
              "part's own results file (machine facts, load, threads, memory limits) is kept beside this one: "
@@ -286,8 +313,7 @@ def main(argv=None) -> None:
              "* A target met here is met in this sitting; docs/performance.md says which margins are within the "
              "machine's sitting-to-sitting spread.\n")
     path = write_report(args.name, "The pipeline's speed targets: the baseline code and today's, one sitting", facts,
-                        [("Targets", markdown_table(["work", "target", "baseline", "today", "today / baseline",
-                                                     "verdict", "measured"], rows)),
+                        [("Targets", markdown_table(TABLE_HEADERS, summary_rows(r))),
                          ("Notes", notes), ("Raw results (JSON)", "```json\n" + json.dumps(r, indent=1) + "\n```")])
     print(path.read_text())
 
