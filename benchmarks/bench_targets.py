@@ -23,7 +23,7 @@ value meets the target or misses it by how much.
     python -m benchmarks.bench_targets --baseline-root /path/to/old/checkout [--parts mnist scaling large
                                        large_dp stages] [--where /scratch] [--name targets]
 
-About 80 minutes on the 2-core machine of docs/performance.md (the four 4 GiB runs take about 50).
+About 56 minutes on the 2-core machine of docs/performance.md (the four 4 GiB runs about 45).
 ``--n-train`` / ``--n-samples`` / ``--sizes`` shrink the data for a smoke run; ``--report-only``
 rebuilds the summary's table from the raw results it holds.
 """
@@ -57,17 +57,15 @@ PARTS = ("mnist", "scaling", "large", "large_dp", "stages")
 DP_EPSILON = 2.0
 
 
-def _run(code_root: Path, module: str, flags: list[str], ledgers: Path) -> float:
+def _run(code_root: Path, module: str, flags: list[str], ledgers: Path) -> None:
     """Run ``python -m benchmarks.<module> flags`` in ``code_root``, so that its ``kahm_dask`` and its
     ``benchmarks`` come first on the path (Dask's worker processes inherit the path), with its own
-    privacy ledger directory (``XDG_DATA_HOME``); return the wall seconds."""
+    privacy ledger directory (``XDG_DATA_HOME``); print when it starts and how long it took."""
     env = dict(os.environ, XDG_DATA_HOME=str(ledgers))
     t0 = time.perf_counter()
     print(f"[{time.strftime('%H:%M:%S')}] {code_root.name}: {module} {' '.join(flags)}", flush=True)
     subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *flags], cwd=code_root, env=env, check=True)
-    seconds = time.perf_counter() - t0
-    print(f"[{time.strftime('%H:%M:%S')}] done in {seconds:.0f} s", flush=True)
-    return seconds
+    print(f"[{time.strftime('%H:%M:%S')}] done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def _keep(code_root: Path, written: str, kept: str) -> Path:

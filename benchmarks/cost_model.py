@@ -44,7 +44,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from benchmarks._harness import RESULTS, markdown_table, write_report
+from benchmarks._harness import RESULTS, markdown_table, quantity_table, write_report
 
 STAGES = {  # results-file row → (stage name, exponent of N in f, depends on m)
     "ingest (generate + write) s": ("ingest", 1, False),
@@ -92,8 +92,8 @@ def kmeans_gemm_seconds(run: dict) -> float:
 
 def read_run(name: str) -> dict:
     """N, W, m and the stage seconds of a ``bench_large`` results file."""
-    text = (RESULTS / f"{name}.md").read_text()
-    rows = dict(re.findall(r"^\| (.+?) \| (.+?) \|$", text, flags=re.M))
+    path = RESULTS / f"{name}.md"
+    text, rows = path.read_text(), quantity_table(path)
     n_train = int(rows["training data"].split(" × ")[0])
     workers = int(re.search(r"\((\d+) workers?\)", rows["total worker memory limit"]).group(1))
     n_total = int(re.search(r"--n-samples (\d+)", text).group(1)) if "--n-samples" in text else 264192

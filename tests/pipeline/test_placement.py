@@ -83,6 +83,14 @@ def test_every_distance_task_prefers_its_models_home(model):
     assert seen == {key: {"workers": [home], "allow_other_workers": True} for key, home in homes.items()}
 
 
+def _models_by_home(model_path: Path, workers: list[str]) -> dict[str, set[str]]:
+    """The cluster paths of the model store that each of ``workers`` is home to."""
+    entries = sorted(read_manifest(model_path)["clusters"], key=lambda e: (e["class"], e["cluster"]))
+    homes = model_homes([e["n_rows"] for e in entries], workers)
+    return {w: {str(cluster_location(model_path, e["class"], e["cluster"]))
+                for e, h in zip(entries, homes, strict=True) if h == w} for w in workers}
+
+
 def _cached_models() -> set[str]:
     """Runs on a worker: the cluster paths in its model cache."""
     from kahm_dask.pipeline.stores import model as store
@@ -112,12 +120,9 @@ def test_each_model_is_loaded_by_its_home_worker_only(model, kind, monkeypatch):
     reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200)).compute(scheduler="sync")
     routed_reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=1).compute(
         scheduler="sync")
-    entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
-    paths = [str(cluster_location(tmp / "m.zarr", e["class"], e["cluster"])) for e in entries]
     with _cluster(kind, tmp, monkeypatch) as client:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        expected = {w: {p for p, h in zip(paths, model_homes([e["n_rows"] for e in entries], workers),
-                                           strict=True) if h == w} for w in workers}
+        expected = _models_by_home(tmp / "m.zarr", workers)
         for n_probe, ref in ((None, reference), (1, routed_reference)):
             group = predict_to_store(tmp / "m.zarr", da.from_array(Q, chunks=200), tmp / f"p-{kind}.zarr", client,
                                      n_probe=n_probe)
@@ -135,29 +140,17 @@ def test_the_membership_distances_are_computed_on_the_models_homes(model):
     # runs where the prediction left each model, and its values are those of the default scheduler
     tmp, Q = model
     train, test = open_dataset(tmp / "t.zarr"), open_dataset(tmp / "q.zarr")
-    entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
-    paths = [str(cluster_location(tmp / "m.zarr", e["class"], e["cluster"])) for e in entries]
     predict_to_store(tmp / "m.zarr", test.X(), tmp / "p-eval-ref.zarr")
     reference = evaluate(tmp / "m.zarr", tmp / "p-eval-ref.zarr", train, test, max_train_rows=600)
     with dask.config.set({"distributed.scheduler.work-stealing": False}):
         with connect(ClusterConfig(n_workers=2, processes=True)) as client:
             client.wait_for_workers(2)
-            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-            expected = {w: {p for p, h in zip(paths, model_homes([e["n_rows"] for e in entries], workers),
-                                               strict=True) if h == w} for w in workers}
-            client.run(_forget_models)
+            expected = _models_by_home(tmp / "m.zarr", sorted(client.scheduler_info(n_workers=-1)["workers"]))
             metrics, d_train, _ = evaluate(tmp / "m.zarr", tmp / "p-eval-ref.zarr", train, test, client=client,
-                                           max_train_rows=600)
+                                           max_train_rows=600)  # new workers: their caches start empty
             assert client.run(_cached_models) == expected
     assert d_train.tobytes() == reference[1].tobytes()
     assert metrics == reference[0]
-
-
-def _forget_models() -> None:
-    """Runs on a worker: empty its model cache."""
-    from kahm_dask.pipeline.stores import model as store
-
-    store._CACHE.clear()
 
 
 def test_without_homes_the_workers_load_the_same_models(model):
