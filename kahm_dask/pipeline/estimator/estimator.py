@@ -172,6 +172,10 @@ persist_fraction : the partition's
     >>> pred = clf.predict(da.from_array(split.X_test, chunks=(300, -1), name=False))  # lazy
     >>> isinstance(pred, da.Array), bool((pred.compute() == split.y_test).mean() >= 0.95)
     (True, True)
+    >>> import pickle
+    >>> twin = pickle.loads(pickle.dumps(clf))  # no store_dir: the pickle carries the model store
+    >>> twin.model_path_ != clf.model_path_, bool((twin.predict(split.X_test) == pred.compute()).all())
+    (True, True)
     >>> client.close(); cluster.close()
     """
 

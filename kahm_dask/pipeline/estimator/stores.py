@@ -76,10 +76,10 @@ def restore_model_store(estimator: Any, files: Mapping[str, bytes]) -> Path:
     """Write the model store ``files`` (from :func:`model_store_files`) into a new temporary
     directory owned by ``estimator`` (as a fit without ``store_dir`` makes); returns its path."""
     model = _owned_temporary_dir(estimator) / MODEL
+    for folder in sorted({(model / name).parent for name in files}):  # each folder once, parents first
+        folder.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
-        target = model / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
+        (model / name).write_bytes(content)
     return model
 
 
