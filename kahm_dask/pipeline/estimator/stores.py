@@ -58,11 +58,12 @@ def owned_model_store(estimator: Any) -> Path | None:
     estimator owns (it goes with the estimator), else None (``store_dir``, a loaded store, or
     not fitted)."""
     finalizer = estimator.__dict__.get("_owned_dir")
-    alive = None if finalizer is None else finalizer.peek()
+    pending = None if finalizer is None else finalizer.peek()  # (estimator, rmtree, (root,), kwargs)
     model = estimator.__dict__.get("model_path_")
-    if alive is None or not isinstance(model, Path):
+    if pending is None or not isinstance(model, Path):
         return None
-    return model if model == Path(alive[2][0]) / MODEL else None
+    _, _, (root,), _ = pending
+    return model if model == Path(root) / MODEL else None
 
 
 def model_store_files(model: Path) -> dict[str, bytes]:
