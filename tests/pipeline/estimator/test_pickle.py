@@ -60,7 +60,7 @@ def _small(digits, classes: int = 3):
 def _in_fresh_process(path: Path, rows: Path, mode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", _PREDICT, str(path), str(rows), mode], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT, env=env, check=False)
+                         text=True, timeout=300, cwd=ROOT, env=env, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
