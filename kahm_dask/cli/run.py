@@ -31,9 +31,12 @@ __all__ = ["run"]
               help="Dashboard of the LocalCluster (overrides cluster.dashboard_address; default 127.0.0.1:8787, "
                    "this machine only; 'none' turns it off).")
 @click.option("--no-progress", is_flag=True, help="No progress lines.")
+@click.option("--full-report", is_flag=True,
+              help="Print the whole report (owner only: results, membership metrics, timings, settings, privacy "
+                   "statement) before the summary; it is always written to <output>/owner/report.md.")
 @click.option("-v", "--verbose", is_flag=True, help=VERBOSE_HELP)
 def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, dashboard_address,
-        no_progress: bool, verbose: bool) -> None:
+        no_progress: bool, full_report: bool, verbose: bool) -> None:
     """Run PIPELINE.yaml end to end: ingest → release → partition → train → predict → evaluate.
 
     A file with a top-level `federation:` section runs the federated pipeline (one model per
@@ -42,7 +45,9 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
     everything computed on private rows to <output>/owner/ (report.json, report.md, plots,
     predictions, data and work stores; 0700, owner only), which stays with the data owner.
     Every release is recorded in the privacy ledger of the training rows before its noise is
-    drawn. A second run on the same output folder while one runs is refused.
+    drawn. A second run on the same output folder while one runs is refused. The console ends
+    with the accuracy, the timings, the privacy spent and the folders; --full-report prints
+    the whole report too.
     """
     if verbose:  # raise the group's level (`kahm-dask -v run` raised it already)
         configure_logging(True)
@@ -60,7 +65,7 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
     tls = tls_settings()
     if tls and cluster_config:
         raise click.UsageError(TLS_WITH_CLUSTER_CONFIG)
-    cfg, federated, staged = None, False, None
+    cfg, federated, staged, metrics = None, False, None, None
     try:
         raw = load_yaml(pipeline)
         federated = isinstance(raw, dict) and "federation" in raw
@@ -88,10 +93,10 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
             with (connect_federated(cfg) if federated else session.connect(cfg.cluster)) as client:
                 echo_dashboard(client)
                 run_fn = run_federated_pipeline if federated else run_pipeline
-                run_fn(cfg, client, progress=SILENT if no_progress else ConsoleProgress())
+                metrics = run_fn(cfg, client, progress=SILENT if no_progress else ConsoleProgress())
     except user_errors() as exc:
         fail(exc, resume_from=None if federated else staged)
-    _echo_run_end(Path(cfg.output))
+    _echo_run_end(metrics, Path(cfg.output), federated, full_report)
     click.echo(f"done in {time.perf_counter() - t0:.1f} s (cluster start-up included)", err=True)
 
 
@@ -103,13 +108,14 @@ def _run_banner(cfg, federated: bool) -> str:
     return f"kahm-dask run {cfg.name!r}: {cfg.data.source}, {privacy}{sites} → {cfg.output}"
 
 
-def _echo_run_end(out: Path) -> None:
-    """Print the report, then where the public and the owner's folders are."""
-    from kahm_dask.pipeline.runs.layout import run_paths
+def _echo_run_end(metrics: dict, out: Path, federated: bool, full_report: bool) -> None:
+    """Print the run's summary (:func:`~kahm_dask.pipeline.runs.report.console_summary`), after
+    the whole report with ``full_report``."""
+    from kahm_dask.pipeline.runs.layout import FederationPaths, run_paths
+    from kahm_dask.pipeline.runs.report import console_summary
 
-    paths = run_paths(out, private=True)  # a non-private run has no public folder
-    click.echo(paths.report_md.read_text())
-    if paths.public.is_dir():
-        click.echo(f"Public folder (may be published: DP model store, PRIVACY.md): {paths.public}")
-    if paths.owner.is_dir():
-        click.echo(f"Owner folder (keep with the data owner: data, work, report, predictions): {paths.owner}")
+    report_md = run_paths(out, private=False).report_md  # the owner's report, DP or not
+    if full_report:
+        click.echo(report_md.read_text())
+    sites = FederationPaths(out, private=False).sites_dir if federated else None
+    click.echo(console_summary(metrics, report_md, sites))

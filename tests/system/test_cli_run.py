@@ -43,9 +43,12 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
     assert (owner / "report.md").exists() and (owner / "distances.png").exists()
     assert (owner / "predictions.zarr").is_dir() and (owner / "data" / "train.zarr").is_dir()
     assert not list(run.rglob("samples.png")) and not list(run.rglob("secret_seed.json"))
-    # the console says where each folder is
+    # the console: a short summary (the accuracy, owner only; the ledger's total; where each folder is)
+    assert f"Accuracy {report['accuracy']:.4g} on the 540 test rows (owner only" in result.output
+    assert "the rows' privacy ledger: ε = 2, δ = 0 per entry in total over 1 release(s)" in result.output
     assert f"Public folder (may be published: DP model store, PRIVACY.md): {public}" in result.output
     assert f"Owner folder (keep with the data owner: data, work, report, predictions): {owner}" in result.output
+    assert "## Results" not in result.output and "| attack_auc |" not in result.output
     manifest = read_manifest(public / "model.zarr")
     assert manifest["seed"] == report["seed"]
     assert manifest["privacy"]["release_id"] == report["privacy"]["release_id"]
@@ -63,8 +66,12 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
 def test_cli_run_budget_refuses_a_second_release(tmp_path):
     cfg = pipeline_file(tmp_path, **CLI_RUN)
     runner = CliRunner()
-    first = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0"], catch_exceptions=False)
+    first = runner.invoke(main, ["run", str(cfg), "--no-progress", "--budget", "3", "0", "--full-report"],
+                          catch_exceptions=False)
     assert first.exit_code == 0, first.output
+    report = (tmp_path / "run" / "owner" / "report.md").read_text()
+    assert first.stdout.startswith(report) and "## Privacy statement" in report  # the whole report, then
+    assert "budget (ε, δ) = (3, 0)" in first.stdout.split(report, 1)[1]  # the summary with the budget
     # another release from the same training store (the noisy rows lost): beyond the budget
     shutil.rmtree(tmp_path / "run" / "owner" / "work")
     shutil.rmtree(tmp_path / "run" / "public" / "model.zarr")

@@ -1,5 +1,7 @@
-"""The console of `kahm-dask run`: progress bars and results only; Dask's INFO lines (its
-scheduler and nannies in the CLI's process, its worker processes) only with ``-v``.
+"""The console of `kahm-dask run`: progress bars and a short summary (the accuracy, marked owner
+only, the timings, the privacy spent and the folders); the whole report only with
+``--full-report``; Dask's INFO lines (its scheduler and nannies in the CLI's process, its worker
+processes) only with ``-v``.
 
 The CLI runs as a subprocess on a tiny pipeline with one worker *process*, so the console is
 what a user sees, worker processes included.
@@ -40,7 +42,10 @@ def _run_cli(tmp_path: Path, *options: str) -> str:
 def test_default_console_has_no_info_lines(tmp_path):
     console = _run_cli(tmp_path)
     assert not [line for line in console.splitlines() if re.search(r"\bINFO\b", line)]
-    assert "| accuracy |" in console and "Owner folder" in console  # the results
+    assert "owner only: computed on the private rows" in console and "Owner folder" in console  # the results
+    assert "| accuracy |" not in console and "## Settings" not in console  # not the whole report
+    assert re.search(r"^Timings: ingest [\d.]+ s, fit [\d.]+ s \(", console, re.M)
+    assert "Privacy: non-private run" in console and "Full report (owner only" in console
     # named progress for every stage, and the total time (finding 11)
     for stage in ("ingest (private stores)", "partition in worker memory (rows by class, k-means per class)",
                   "predict ", "membership metrics"):
@@ -50,10 +55,10 @@ def test_default_console_has_no_info_lines(tmp_path):
 
 @pytest.mark.slow  # about 12 s: a whole run; the default console test covers the same command
 def test_verbose_console_has_dask_info_lines(tmp_path):
-    console = _run_cli(tmp_path, "--no-progress", "-v")
+    console = _run_cli(tmp_path, "--no-progress", "-v", "--full-report")
     assert "INFO distributed.scheduler:" in console  # the scheduler, in the CLI's process
     assert re.search(r" - distributed\.worker - INFO - ", console)  # the worker process
-    assert "| accuracy |" in console
+    assert "| accuracy |" in console and "## Settings" in console  # the whole report
 
 
 def test_local_cluster_workers_log_at_dasks_configured_level():

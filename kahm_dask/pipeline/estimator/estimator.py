@@ -9,8 +9,8 @@ the model store it wrote. Prediction is the pipeline's blockwise min/argmin redu
 cluster models are loaded by the tasks, never in the client), NumPy arrays for NumPy input.
 :meth:`DaskKAHMClassifier.to_local` and :meth:`DaskKAHMClassifier.from_local` convert to and from
 the in-memory :class:`~kahm_dask.KAHMClassifier`. The habits are xgboost.dask's and LightGBM's:
-the constructor is the in-memory one plus the Dask-only arguments, the cluster is a client, and
-pickling drops it.
+the constructor is the in-memory one plus the Dask-only arguments, the cluster is a client,
+pickling drops it, and a pickle carries the model unless the model lives in a named store.
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ from kahm_dask.pipeline.estimator.stores import (
     WORK,
     check_target,
     estimator_keys,
+    model_store_files,
+    owned_model_store,
     params_from_manifest,
+    restore_model_store,
     store_root,
 )
 from kahm_dask.pipeline.placement import worker_addresses
@@ -60,6 +63,10 @@ from kahm_dask.storage.location import LocationLike, as_location, committed_dire
 from kahm_dask.storage.locks import exclusive
 
 __all__ = ["DaskKAHMClassifier", "ESTIMATOR_PARAMS_KEY"]
+
+
+#: Key of the pickled state holding the files of a model store in a temporary directory.
+_CARRIED_STORE = "_model_store_files"
 
 
 def _seed_constraints() -> list:
@@ -138,9 +145,17 @@ persist_fraction : the partition's
     Given the same rows, parameters and ``random_state``, the fit gives the branches of
     :class:`~kahm_dask.KAHMClassifier` as long as every class's k-means runs in one task (a class
     whose rows take at most ``persist_fraction`` of a worker's memory); larger classes are
-    clustered out of core (k-means‖ and dask-ml), which partitions differently. A pickled copy
-    of a fitted estimator refers to the same model store; a temporary one lives as long as the
-    estimator that fitted it.
+    clustered out of core (k-means‖ and dask-ml), which partitions differently.
+
+    A pickle (``pickle``, ``joblib.dump``, ``copy.deepcopy``) never holds the client. Fitted
+    without ``store_dir``, it carries the model store's files (the manifest and each cluster's
+    model arrays and attributes, and of a DP model its DP rows; nothing from ``train.zarr`` or
+    ``work/``, nor the training rows' fingerprint): the copy writes them to a temporary directory
+    of its own, deleted with it, and predicts anywhere, like the fitting estimator. The model
+    store of a DP fit is publishable, and so is such a pickle; a non-private model is fitted on
+    the private rows, and its pickle stays with the data owner as its store does. Fitted with
+    ``store_dir`` or loaded, the pickle names the model store (a few KB) and the copy reads it
+    there.
 
     Examples
     --------
@@ -156,6 +171,10 @@ persist_fraction : the partition's
     >>> clf = DaskKAHMClassifier(n_components=10, random_state=0).fit(X, split.y_train)
     >>> pred = clf.predict(da.from_array(split.X_test, chunks=(300, -1), name=False))  # lazy
     >>> isinstance(pred, da.Array), bool((pred.compute() == split.y_test).mean() >= 0.95)
+    (True, True)
+    >>> import pickle
+    >>> twin = pickle.loads(pickle.dumps(clf))  # no store_dir: the pickle carries the model store
+    >>> twin.model_path_ != clf.model_path_, bool((twin.predict(split.X_test) == pred.compute()).all())
     (True, True)
     >>> client.close(); cluster.close()
     """
@@ -252,10 +271,26 @@ persist_fraction : the partition's
         self._client = client
 
     def __getstate__(self) -> dict:
+        """The pickled state: the parameters and fitted attributes without the client, and the
+        model store's files when it lies in the estimator's temporary directory (the class
+        docstring's Notes)."""
         state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__ itself
         state.pop("_client", None)  # a client is a connection: the copy finds its own
-        state.pop("_owned_dir", None)  # the copy refers to the directory; the original owns it
+        state.pop("_owned_dir", None)  # the original owns its directory; a copy gets its own
+        model = owned_model_store(self)
+        if model is not None:
+            state[_CARRIED_STORE] = model_store_files(model)
+            del state["model_path_"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore a pickled state; a carried model store is written to a new temporary
+        directory owned by this copy (deleted with it, as a fit's)."""
+        state = dict(state)
+        files = state.pop(_CARRIED_STORE, None)
+        super().__setstate__(state)
+        if files is not None:
+            self.model_path_ = restore_model_store(self, files)
 
     def __repr__(self, N_CHAR_MAX: int = 700) -> str:
         """scikit-learn's repr, with the values of ``storage_options`` (credentials) masked."""

@@ -1,6 +1,7 @@
 """The stores of a Dask estimator: the directory a fit writes (``store_dir``, or a temporary one
-owned by the estimator), the check before a model store is replaced, and the estimator's
-parameters as the model store's manifest records them."""
+owned by the estimator), a model store in a temporary one as bytes for a pickle and back, the
+check before a model store is replaced, and the estimator's parameters as the model store's
+manifest records them."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kahm_dask.params import NOT_STORED_PARAMS
 from kahm_dask.pipeline.stores.manifest import jsonable, read_manifest
 from kahm_dask.storage.location import Location, as_location
 
-__all__ = ["DATA", "WORK", "MODEL", "ESTIMATOR_PARAMS_KEY", "NOT_STORED", "store_root", "check_target",
-           "stored_params", "estimator_keys", "params_from_manifest"]
+__all__ = ["DATA", "WORK", "MODEL", "ESTIMATOR_PARAMS_KEY", "NOT_STORED", "store_root", "owned_model_store",
+           "model_store_files", "restore_model_store", "check_target", "stored_params", "estimator_keys",
+           "params_from_manifest"]
 
 #: Where a fit writes under ``store_dir``: the training rows, the pipeline's work store (private
 #: copies, noisy rows, the model while it is trained) and the model store.
@@ -39,9 +42,46 @@ def store_root(estimator: Any) -> Location:
         if root.is_local:
             root.path.mkdir(parents=True, exist_ok=True)
         return root
+    return as_location(_owned_temporary_dir(estimator))
+
+
+def _owned_temporary_dir(estimator: Any) -> Path:
+    """A new temporary directory (0700) deleted when ``estimator`` is garbage collected or the
+    interpreter exits (``weakref.finalize``), recorded as the estimator's ``_owned_dir``."""
     root = tempfile.mkdtemp(prefix="kahm-dask-")
     estimator._owned_dir = weakref.finalize(estimator, shutil.rmtree, root, ignore_errors=True)
-    return as_location(root)
+    return Path(root)
+
+
+def owned_model_store(estimator: Any) -> Path | None:
+    """The fitted ``estimator``'s model store when it lies in the temporary directory the
+    estimator owns (it goes with the estimator), else None (``store_dir``, a loaded store, or
+    not fitted)."""
+    finalizer = estimator.__dict__.get("_owned_dir")
+    pending = None if finalizer is None else finalizer.peek()  # (estimator, rmtree, (root,), kwargs)
+    model = estimator.__dict__.get("model_path_")
+    if pending is None or not isinstance(model, Path):
+        return None
+    _, _, (root,), _ = pending
+    return model if model == Path(root) / MODEL else None
+
+
+def model_store_files(model: Path) -> dict[str, bytes]:
+    """Every file of the local model store ``model`` (manifest, cluster groups, completion
+    markers; no hidden staging leftovers) by its path relative to the store, as bytes."""
+    return {f.relative_to(model).as_posix(): f.read_bytes() for f in sorted(model.rglob("*"))
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(model).parts)}
+
+
+def restore_model_store(estimator: Any, files: Mapping[str, bytes]) -> Path:
+    """Write the model store ``files`` (from :func:`model_store_files`) into a new temporary
+    directory owned by ``estimator`` (as a fit without ``store_dir`` makes); returns its path."""
+    model = _owned_temporary_dir(estimator) / MODEL
+    for folder in sorted({(model / name).parent for name in files}):  # each folder once, parents first
+        folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (model / name).write_bytes(content)
+    return model
 
 
 def check_target(path: Location) -> None:

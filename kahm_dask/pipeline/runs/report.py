@@ -1,5 +1,6 @@
-"""Run reports (face layer): the owner's ``report.json`` and ``report.md``, and the publishable
-``PRIVACY.md`` and ``dp_rows.png``.
+"""Run reports (face layer): the owner's ``report.json`` and ``report.md``, the few lines the
+console ends a run with (:func:`console_summary`), and the publishable ``PRIVACY.md`` and
+``dp_rows.png``.
 
 The report is computed on private rows (accuracy on the private test split, membership metrics,
 distances, timings): it is written to the owner's folder and is never published. What may be
@@ -19,7 +20,7 @@ import numpy as np
 from kahm_dask.pipeline.runs.layout import DISTANCES_PLOT, DP_ROWS_PLOT, REPORT_JSON, REPORT_MD, STATEMENT_FILE
 from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
 
-__all__ = ["write_report", "write_privacy_statement", "ledger_markdown"]
+__all__ = ["write_report", "write_privacy_statement", "ledger_markdown", "console_summary"]
 
 def _image_side(p: int) -> int | None:
     side = math.isqrt(p)
@@ -71,17 +72,20 @@ def _plot_histograms(path: Path, d_train: np.ndarray, d_test: np.ndarray) -> Non
     plt.close(fig)
 
 
+def _budget_text(ledger: dict) -> str:
+    budget = ledger.get("budget")
+    return "no budget set" if budget is None else f"budget (ε, δ) = ({budget[0]:g}, {budget[1]:g})"
+
+
 def ledger_markdown(ledger: dict | None) -> str:
     """The privacy ledger's total (a ``PrivacyLedger.summary()``) as a markdown section."""
     if not ledger:
         return ""
-    budget = ledger.get("budget")
-    budget_text = "no budget set" if budget is None else f"budget (ε, δ) = ({budget[0]:g}, {budget[1]:g})"
     return (
         "## Privacy spent on this data set\n\n"
         f"{ledger['releases']} release(s) recorded in the data set's privacy ledger; total by basic "
         f"composition: ε = {ledger['epsilon_total']:g}, δ = {ledger['delta_total']:g} per entry "
-        f"({budget_text}).\n"
+        f"({_budget_text(ledger)}).\n"
     )
 
 
@@ -165,15 +169,35 @@ def _results(metrics: dict) -> list[str]:
     return lines
 
 
-def _timings(metrics: dict) -> list[str]:
+#: Separates a stage of the fit from the fit in :func:`_stage_seconds`' names ("fit: noise").
+_WITHIN = ": "
+
+
+def _stage_seconds(metrics: dict) -> dict[str, float]:
+    """The run's stage timings in seconds, in run order: ingest, fit, the fit's own stages (named
+    ``fit: <stage>``), then the other ``*_seconds`` fields (predict, evaluate)."""
     seconds = {k[: -len("_seconds")]: v for k, v in metrics.items() if k.endswith("_seconds") and k != "fit_seconds"}
     stages = metrics.get("fit_stage_seconds") or {}
+    ordered = {"ingest": seconds.pop("ingest", None), "fit": metrics.get("fit_seconds"),
+               **{f"fit{_WITHIN}{k}": v for k, v in stages.items()}, **seconds}
+    return {name: v for name, v in ordered.items() if v is not None and not isinstance(v, list | dict)}
+
+
+def _timings(metrics: dict) -> list[str]:
     lines = ["## Timings (seconds)", "", "| stage | seconds |", "|---|---|"]
-    for name, value in {"ingest": seconds.pop("ingest", None), "fit": metrics.get("fit_seconds"),
-                        **{f"fit: {k}": v for k, v in stages.items()}, **seconds}.items():
-        if value is not None and not isinstance(value, list | dict):
-            lines.append(f"| {name} | {_cell(value)} |")
-    return lines
+    return lines + [f"| {name} | {_cell(value)} |" for name, value in _stage_seconds(metrics).items()]
+
+
+def _timings_line(metrics: dict) -> str:
+    """The stage timings on one line, the fit's own stages in brackets after it."""
+    parts: list[str] = []
+    for name, value in _stage_seconds(metrics).items():
+        if _WITHIN in name:
+            inner = f"{name.split(_WITHIN, 1)[1].replace('_', ' ')} {value:.1f}"
+            parts[-1] = f"{parts[-1][:-1]}, {inner})" if parts[-1].endswith(")") else f"{parts[-1]} ({inner})"
+        else:
+            parts.append(f"{name} {value:.1f} s")
+    return "Timings: " + ", ".join(parts)
 
 
 def _settings(metrics: dict) -> list[str]:
@@ -186,6 +210,53 @@ def _settings(metrics: dict) -> list[str]:
             lines.append(f"| {key} | {_cell(metrics[key])} |")
     lines.append(f"| clusters | {metrics.get('n_clusters')} ({metrics.get('n_clusters_resumed', 0)} resumed) |")
     return lines
+
+
+def _ledger_spent(ledger: dict) -> str:
+    """A ledger's total (a ``PrivacyLedger.summary()``) in a few words, for the console."""
+    return (f"ε = {ledger['epsilon_total']:g}, δ = {ledger['delta_total']:g} per entry in total over "
+            f"{ledger['releases']} release(s), {_budget_text(ledger)}")
+
+
+def _spend_line(metrics: dict) -> str:
+    """The run's privacy on one line: the ε (and δ) its models were trained at, and the total
+    of the training rows' privacy ledger (each site's in a federated run); or that a non-private
+    run has no guarantee."""
+    if metrics.get("epsilon") is None:
+        return "Privacy: non-private run, no DP guarantee (nothing recorded in the privacy ledger)."
+    delta = f", δ = {metrics['delta']:g}" if metrics.get("delta") else ""
+    sites = metrics.get("site_privacy")
+    trained = f"{'each site trained' if sites else 'trained'} at ε = {metrics['epsilon']:g}{delta} per entry"
+    if sites:
+        totals = "; ".join(f"site {q}: {_ledger_spent(p['ledger'])}" for q, p in enumerate(sites) if p.get("ledger"))
+        return f"Privacy: {trained}; the sites' privacy ledgers: {totals}."
+    ledger = (metrics.get("privacy") or {}).get("ledger")
+    return f"Privacy: {trained}" + (f"; the rows' privacy ledger: {_ledger_spent(ledger)}." if ledger else ".")
+
+
+def console_summary(metrics: dict, report_md: Path, sites_dir: Path | None = None) -> str:
+    """The console's end of a run (a few lines; the full report is ``report_md``): the accuracy
+    on the test rows (computed on private rows: owner only), the stage timings, the privacy
+    spent (:func:`_spend_line`), where the publishable and the owner's folders are and what
+    each may do (``sites_dir``: a federated run's site folders), and where the full report is."""
+    private = metrics.get("epsilon") is not None
+    lines = [
+        f"Accuracy {_cell(metrics.get('accuracy'))} on the {metrics.get('n_test', '?')} test rows "
+        "(owner only: computed on the private rows).",
+        _timings_line(metrics),
+        _spend_line(metrics),
+    ]
+    if metrics.get("public_dir"):
+        lines.append(f"Public folder (may be published: DP model store, PRIVACY.md): {metrics['public_dir']}")
+    if sites_dir is not None:
+        public = "its public/ may be published (DP model store, PRIVACY.md), " if private else ""
+        lines.append(f"Site folders (site{{q}}/: {public}its owner/ and answers/ stay at site q): {sites_dir}")
+    if metrics.get("owner_dir"):
+        central_model = not private and sites_dir is None  # a non-private central model stays here
+        held = f"data, work, {'model store, ' if central_model else ''}report, predictions"
+        lines.append(f"Owner folder (keep with the data owner: {held}): {metrics['owner_dir']}")
+    lines.append(f"Full report (owner only; --full-report prints it): {report_md}")
+    return "\n".join(lines)
 
 
 def write_report(

@@ -161,7 +161,7 @@ def test_invalid_parameters_are_rejected_before_any_work(params, name, error, di
 # about a second even on tiny data), and check_estimator's fitting checks run dozens of them
 # (check_classifiers_train, check_fit_idempotent, check_methods_subset_invariance, ...);
 # the sparse and array-API checks test inputs the pipeline does not take (it writes dense Zarr);
-# check_estimators_pickle holds (test_save_load_and_pickle) while the fitting estimator is alive.
+# check_estimators_pickle holds (test_save_load_and_pickle; a fresh process: test_pickle.py).
 @pytest.mark.parametrize("check", [
     check_estimator_cloneable,
     check_estimator_repr,
