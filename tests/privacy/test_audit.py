@@ -27,6 +27,7 @@ from kahm_dask.privacy.audit.bounds import (
 )
 from kahm_dask.privacy.audit.canaries import canary_grid_points, log_likelihood_ratio, release_canaries
 from kahm_dask.privacy.audit.scores import correct_among_most_confident
+from kahm_dask.privacy.audit.training import audit_training, canary_rows
 from kahm_dask.privacy.noise import GridLaplace
 
 CONFIDENCE = 1 - 1e-6
@@ -155,3 +156,29 @@ def test_the_sweep_is_bonferroni_over_the_grid_and_atoms_are_discounted():
     assert binom.cdf(leaks, 10_000, 1e-3) >= 0.975 > binom.cdf(leaks - 1, 10_000, 1e-3)
     eps_delta, _ = sweep_epsilon(correct, grid, 0.05, m=10_000, delta=1e-3)
     assert eps_delta == pytest.approx(one_run_epsilon(correct[0] - leaks, 10_000, 0.025 / len(grid)))
+
+
+# ------------------------------------------------------------------ the end-to-end audit
+
+
+def test_canary_rows_differ_in_one_entry_by_d_and_hold_public_values_only():
+    lower, upper = np.zeros(5), np.full(5, 16.0)
+    at_x, at_x_plus_d, feature, coins = canary_rows(300, lower, upper, np.full(5, 4.0), np.random.default_rng(0))
+    diff = at_x_plus_d - at_x
+    assert np.count_nonzero(diff, axis=1).tolist() == [1] * 300
+    np.testing.assert_array_equal(diff[np.arange(300), feature], 4.0)
+    assert at_x.min() >= 0.0 and at_x_plus_d.max() <= 16.0 and 0 < coins.sum() < 300
+
+
+def test_a_dp_fit_is_audited_below_the_claim_and_the_entry_level_bound(digits):
+    """Post-processing: the model's bound stays below the claim and the entry-level bound."""
+    result = audit_training(digits.X_train[:500], digits.y_train[:500], 2.0, bounds=(0.0, 1.0), canaries=200,
+                            confidence=CONFIDENCE, random_state=0)
+    entry = audit_release(2.0, canaries=CANARIES, confidence=CONFIDENCE)
+    assert not result.violation and result.epsilon_lower <= entry.epsilon_lower
+    assert result.canaries == 200 and result.score == "model distance"
+
+
+def test_the_audit_of_a_fit_needs_public_bounds(digits):
+    with pytest.raises(ValueError, match="needs public bounds"):
+        audit_training(digits.X_train[:100], digits.y_train[:100], 2.0, bounds=None)

@@ -57,3 +57,30 @@ def test_the_default_audit_is_tight_and_under_a_minute():
                           str(CONFIDENCE)], capture_output=True, text=True, timeout=120, check=True)
     assert time.perf_counter() - start < 60
     assert 0.8 <= _bound(out.stdout) <= 1.0
+
+
+def test_cli_audits_a_dp_fit_on_a_store_and_spends_once(tmp_path):
+    """--store: the entry-level line, then the fit's, below it; ε spent once on the store's ledger."""
+    from kahm_dask.pipeline.stores.dataset import open_dataset
+    from kahm_dask.privacy.ledger import PrivacyLedger
+
+    store = tmp_path / "iris.zarr"
+    assert CliRunner().invoke(main, ["ingest", "sklearn:iris", str(store), "--bounds", "0", "8"]).exit_code == 0
+    out = CliRunner().invoke(main, ["audit", "--store", str(store), "--epsilon", "2", "--canaries", "100",
+                                    "--confidence", str(CONFIDENCE)])
+    assert out.exit_code == 0, out.output
+    entry, fit = out.output.splitlines()
+    assert "LLR score" in entry and "model distance score" in fit and "(100 canaries" in fit
+    assert _bound(fit) <= _bound(entry) <= 2.0
+    assert PrivacyLedger.for_data(open_dataset(store).fingerprint()).spent() == (2.0, 0.0)
+
+
+def test_cli_store_without_public_bounds_is_refused_before_any_spending(tmp_path):
+    from kahm_dask.pipeline.stores.dataset import open_dataset
+    from kahm_dask.privacy.ledger import PrivacyLedger
+
+    store = tmp_path / "iris.zarr"
+    assert CliRunner().invoke(main, ["ingest", "sklearn:iris", str(store)]).exit_code == 0
+    out = CliRunner().invoke(main, ["audit", "--store", str(store), "--epsilon", "2"])
+    assert out.exit_code == 2 and "records no public feature range" in out.output
+    assert PrivacyLedger.for_data(open_dataset(store).fingerprint()).spent() == (0.0, 0.0)

@@ -8,6 +8,7 @@ probability ``confidence`` (:mod:`.bounds`: the one-run theorem of Steinke, Nasr
 2023, Bonferroni over the grid). A bound above the claimed ε is a violation: the mechanism
 leaks more than it claims. A bound below it does not prove the claim (no finite experiment
 does); it shows that this attack, the strongest on one entry, finds no more than the claim.
+:func:`~kahm_dask.privacy.audit.training.audit_training` audits a whole DP fit the same way.
 
 :func:`audit_release` audits the mechanism a DP fit with these settings uses (``kahm-dask
 audit``).
@@ -40,8 +41,9 @@ DEFAULT_CONFIDENCE = 0.95
 @dataclass(frozen=True)
 class AuditResult:
     """One audit: the ``claimed`` ε, the lower bound ``epsilon_lower`` (at ``confidence``), the
-    number of guesses ``guesses`` that gave it, the ``canaries`` released, the LLR's ``auc`` and
-    ``tpr_at_1pct_fpr``."""
+    number of guesses ``guesses`` that gave it, the ``canaries`` released, the ``auc`` and
+    ``tpr_at_1pct_fpr`` of the auditor's score, named ``score`` (the LLR of the released entry,
+    or the trained model's distances: :mod:`.training`)."""
 
     claimed: float
     epsilon_lower: float
@@ -50,6 +52,7 @@ class AuditResult:
     canaries: int
     auc: float
     tpr_at_1pct_fpr: float
+    score: str = "LLR"
 
     @property
     def violation(self) -> bool:
@@ -60,7 +63,7 @@ class AuditResult:
         """The result in one line (``kahm-dask audit`` prints it)."""
         flag = "VIOLATION: " if self.violation else ""
         return (f"{flag}empirical ε ≥ {self.epsilon_lower:.3f} ({100 * self.confidence:g} %) against the claimed "
-                f"{self.claimed:g}; LLR score: AUC {self.auc:.3f}, TPR at 1 % FPR {self.tpr_at_1pct_fpr:.3f} "
+                f"{self.claimed:g}; {self.score} score: AUC {self.auc:.3f}, TPR at 1 % FPR {self.tpr_at_1pct_fpr:.3f} "
                 f"({self.canaries} canaries, bound from the {self.guesses} most confident)")
 
 
