@@ -36,7 +36,9 @@ VIOLATION_EXIT = 3
 def audit(epsilon, delta, d, bounds, canaries, confidence, store, ledger_dir) -> None:
     """Release canary entries, each at LOW or LOW + d by a fair coin, through the real mechanism
     (noise from OS entropy) and print a lower bound on the ε it achieves, from the optimal
-    attack's guesses. Exits with status 3 and prints VIOLATION when a bound exceeds --epsilon."""
+    attack's guesses on its k most confident canaries (one-run bound of Steinke, Nasr and
+    Jagielski 2023; Bonferroni over the k tried). Exits with status 3 and prints VIOLATION when a
+    bound exceeds --epsilon. See docs/privacy.md, "Auditing the claim"."""
     from kahm_dask.privacy.audit import DEFAULT_CANARIES, audit_release
 
     try:
