@@ -15,11 +15,13 @@ Examples
 >>> from sklearn.pipeline import make_pipeline
 >>> from kahm_dask import KAHMClassifier
 >>> from kahm_dask.datasets import load_bundled
+>>> from kahm_dask.privacy.ledger import PrivacyLedger
 >>> X, y = load_bundled("digits")                       # pixel counts 0..16: public bounds
 >>> scaler = PublicScaler(0, 16)
 >>> scaler.fit_transform(np.array([[0.0, 8.0, 16.0, 20.0]]))
 array([[0. , 0.5, 1. , 1. ]])
->>> clf = make_pipeline(scaler, KAHMClassifier(epsilon=2.0, bounds=scaler.feature_bounds(), random_state=0))
+>>> dp = KAHMClassifier(epsilon=2.0, bounds=scaler.feature_bounds(), random_state=0, ledger=PrivacyLedger())
+>>> clf = make_pipeline(scaler, dp)
 >>> clf.fit(X[:300], y[:300]).predict(X[:3]).shape
 (3,)
 """
