@@ -1,4 +1,4 @@
-"""The ``kahm-dask`` command (face layer): ingest, train, predict, evaluate, run, ledger.
+"""The ``kahm-dask`` command (face layer): ingest, train, predict, evaluate, run, ledger, audit.
 
 Built with click (a well-kept CLI library: typed options, help text, testable with
 ``click.testing.CliRunner``). One module per group of commands (:mod:`~kahm_dask.cli.data`,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import click
 
+from kahm_dask.cli.audit import audit
 from kahm_dask.cli.data import ingest
 from kahm_dask.cli.ledger import ledger
 from kahm_dask.cli.model import evaluate, predict, train
@@ -31,5 +32,5 @@ def main(verbose: bool) -> None:
     configure_logging(verbose)
 
 
-for command in (ingest, train, predict, evaluate, run, ledger):
+for command in (ingest, train, predict, evaluate, run, ledger, audit):
     main.add_command(command)
