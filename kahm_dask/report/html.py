@@ -26,6 +26,7 @@ __all__ = ["write_quality_report", "PUBLISHABLE", "OWNER_ONLY", "MEANINGS"]
 
 PUBLISHABLE = "Publishable"
 OWNER_ONLY = "Owner only"
+TSTR, TRTR = "DP rows (TSTR)", "real rows (TRTR)"
 
 #: Each score of the report with its meaning in one line.
 MEANINGS = {
@@ -289,7 +290,7 @@ def _informative(real_X: np.ndarray, real_y: np.ndarray, k: int = 6) -> list[int
 
 
 def _efficacy_section(real_X, real_y, dp_X, dp_y, test_X, test_y) -> str:
-    table = metrics.efficacy(real_X, real_y, dp_X, dp_y, test_X, test_y)
+    table = metrics.efficacy({TSTR: (dp_X, dp_y), TRTR: (real_X, real_y)}, test_X, test_y)
     classes = table[0].classes
     rows = [[r.model, r.trained_on, r.accuracy, *[float(v) for v in r.recall]] for r in table]
     parts = [

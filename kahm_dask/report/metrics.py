@@ -10,7 +10,7 @@ row subsets are not private): the same arrays give the same scores.
 * pairs: :func:`correlation_similarity`, :func:`correlation_attenuation`;
 * ranges: :func:`boundary_adherence`;
 * separability: :func:`detection_auc`;
-* ML efficacy: :func:`efficacy`, train on synthetic, test on real (TSTR) beside train on real,
+* ML efficacy: :func:`efficacy`, e.g. train on synthetic, test on real (TSTR) beside train on real,
   test on real (TRTR).
 
 All but :func:`dp_within_bounds` read the private rows: their results are for the data owner only.
@@ -46,7 +46,6 @@ __all__ = [
     "dp_within_bounds",
     "detection_auc",
     "Efficacy",
-    "TRAINED_ON",
     "efficacy",
 ]
 
@@ -182,7 +181,7 @@ def detection_auc(real: np.ndarray, dp: np.ndarray, *, max_rows: int = 2000, n_s
 class Efficacy(NamedTuple):
     """One model trained on one set of rows, tested on the test rows.
 
-    ``model``: its name; ``trained_on``: ``"DP rows (TSTR)"`` or ``"real rows (TRTR)"``;
+    ``model``: its name; ``trained_on``: the name of the rows it was trained on;
     ``accuracy``: share of test rows predicted right; ``recall``: (C,) per class, in ``classes``'s order.
     """
 
@@ -193,16 +192,13 @@ class Efficacy(NamedTuple):
     classes: np.ndarray
 
 
-#: The rows a model is trained on, in the order :func:`efficacy` returns them.
-TRAINED_ON = ("DP rows (TSTR)", "real rows (TRTR)")
-
-
-def efficacy(real_X: np.ndarray, real_y: np.ndarray, dp_X: np.ndarray, dp_y: np.ndarray, test_X: np.ndarray,
-             test_y: np.ndarray, *, seed: int = 0) -> list[Efficacy]:
-    """TSTR beside TRTR: a KAHM (:class:`~kahm_dask.KAHMClassifier`, non-private: fitting on DP rows
-    is post-processing) and a logistic regression, each trained on the DP rows and on the real
-    rows, each tested on the test rows. ``seed`` fixes the KAHM's k-means (not private); the KAHM
-    has its default settings, ``n_components`` capped at p."""
+def efficacy(train_sets: dict, test_X: np.ndarray, test_y: np.ndarray, *, seed: int = 0) -> list[Efficacy]:
+    """Each model trained on each set of rows, tested on the test rows: a KAHM
+    (:class:`~kahm_dask.KAHMClassifier`, non-private: fitting on DP rows is post-processing) and a
+    logistic regression. ``train_sets``: name → (X (N, p), y (N,)), e.g. the DP rows (train on
+    synthetic, test on real: TSTR) and the real rows (TRTR). Rows model by model, sets in their
+    order. ``seed`` fixes the KAHM's k-means (not private); the KAHM has its default settings,
+    ``n_components`` capped at p."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import recall_score
 
@@ -213,10 +209,10 @@ def efficacy(real_X: np.ndarray, real_y: np.ndarray, dp_X: np.ndarray, dp_y: np.
         "KAHM": lambda: KAHMClassifier(n_components=n_components, random_state=seed),
         "LogisticRegression": lambda: LogisticRegression(max_iter=1000),
     }
-    classes = np.unique(np.concatenate([real_y, test_y]))
+    classes = np.unique(np.concatenate([np.asarray(y) for _, y in train_sets.values()] + [test_y]))
     out = []
     for name, make in models.items():
-        for trained_on, (X, y) in zip(TRAINED_ON, [(dp_X, dp_y), (real_X, real_y)], strict=True):
+        for trained_on, (X, y) in train_sets.items():
             predicted = make().fit(X, y).predict(test_X)
             recall = recall_score(test_y, predicted, labels=classes, average=None, zero_division=0.0)
             out.append(Efficacy(name, trained_on, float(np.mean(predicted == test_y)), recall, classes))

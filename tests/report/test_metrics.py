@@ -10,7 +10,6 @@ import pytest
 
 from kahm_dask.datasets import make_class_blobs
 from kahm_dask.report.metrics import (
-    TRAINED_ON,
     boundary_adherence,
     correlation_attenuation,
     correlation_similarity,
@@ -94,9 +93,9 @@ def test_detection_is_near_one_half_for_one_distribution_and_near_one_for_separa
 def test_efficacy_trains_each_model_on_dp_and_on_real_rows_and_tests_on_the_test_rows():
     X, y = make_class_blobs(600, n_features=8, n_classes=3, random_state=0)
     noisy = X[:400] + RNG.laplace(scale=0.2, size=(400, 8))
-    table = efficacy(X[:400], y[:400], noisy, y[:400], X[400:], y[400:])
+    table = efficacy({"DP": (noisy, y[:400]), "real": (X[:400], y[:400])}, X[400:], y[400:])
     assert [(r.model, r.trained_on) for r in table] == [(m, t) for m in ("KAHM", "LogisticRegression")
-                                                        for t in TRAINED_ON]
+                                                        for t in ("DP", "real")]
     for row in table:
         assert row.recall.shape == (3,) and row.classes.tolist() == [0, 1, 2]
         counts = np.bincount(y[400:], minlength=3)
