@@ -13,6 +13,7 @@ import base64
 import html
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -283,7 +284,8 @@ def _informative(real_X: np.ndarray, real_y: np.ndarray, k: int = 6) -> list[int
     """The k features with the largest ANOVA F statistic over the classes (constant ones left out)."""
     from sklearn.feature_selection import f_classif
 
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # constant features: their F is NaN, left out below
         f, _ = f_classif(real_X, real_y)
     f = np.nan_to_num(f, nan=-1.0)
     return [int(j) for j in np.argsort(-f, kind="stable")[:k]]
