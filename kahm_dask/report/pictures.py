@@ -226,9 +226,10 @@ def efficacy_bars(table: list):
         bars = ax.bar(np.arange(len(models)) + (i - (len(trained_on) - 1) / 2) * width, values, width, label=source)
         ax.bar_label(bars, fmt="%.3f", fontsize=6)
     ax.set_xticks(range(len(models)), models, fontsize=7)
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, 1.25)
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel("test accuracy", fontsize=7)
     ax.tick_params(labelsize=6)
-    ax.legend(fontsize=6, loc="lower right")
+    ax.legend(fontsize=6, loc="upper center", ncol=len(trained_on), frameon=False)
     fig.tight_layout()
     return fig
