@@ -89,10 +89,12 @@ def write_quality_report(
     field it has is shown); ``bounds``: the public ``(lower, upper)``; ``feature_names``: p names
     (default ``x0``…); ``image_shape``: (h, w) with h·w = p to draw rows as images; ``audit``: a
     lower bound on ε from an audit of the mechanism, shown as given. Inputs are checked before
-    anything is computed or written (``ValueError`` naming the problem). Returns the path, a
-    0600 file. Scores are deterministic (every split and subset is seeded; the noise is in the
+    anything is computed or written (``ValueError`` or ``TypeError`` naming the problem).
+    Returns the path, a 0600 file. Scores are deterministic (every split and subset is seeded; the noise is in the
     given DP rows).
     """
+    if not callable(getattr(statement, "to_dict", None)):
+        raise TypeError(f"statement must be the release's PrivacyStatement, got {type(statement).__name__}.")
     real_X, dp_X, test_X = (_rows(a, name) for a, name in ((real_X, "real_X"), (dp_X, "dp_X"), (test_X, "test_X")))
     real_y, dp_y, test_y = (np.asarray(v) for v in (real_y, dp_y, test_y))
     p = real_X.shape[1]

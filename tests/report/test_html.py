@@ -100,3 +100,9 @@ def test_bad_input_is_refused_by_name_before_anything_is_written(tmp_path, chang
     with pytest.raises(ValueError, match=message):
         write_quality_report(path, **{**_inputs(), **change})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_statement_that_is_not_one_is_refused_by_name(tmp_path):
+    with pytest.raises(TypeError, match="statement must be the release's PrivacyStatement, got dict"):
+        write_quality_report(tmp_path / "quality.html", **{**_inputs(), "statement": {"epsilon": 1.0}})
+    assert list(tmp_path.iterdir()) == []
