@@ -90,8 +90,8 @@ def write_quality_report(
     (default ``x0``…); ``image_shape``: (h, w) with h·w = p to draw rows as images; ``audit``: a
     lower bound on ε from an audit of the mechanism, shown as given. Inputs are checked before
     anything is computed or written (``ValueError`` or ``TypeError`` naming the problem).
-    Returns the path, a 0600 file. Scores are deterministic (every split and subset is seeded; the noise is in the
-    given DP rows).
+    Returns the path, a 0600 file. Scores are deterministic (every split and subset is seeded;
+    the noise is in the given DP rows).
     """
     if not callable(getattr(statement, "to_dict", None)):
         raise TypeError(f"statement must be the release's PrivacyStatement, got {type(statement).__name__}.")
