@@ -103,7 +103,7 @@ def class_story(summary: ClassSummary, *, epsilon: float, image_shape: tuple[int
                    "post-processing of the release). Drawn from DP rows only: may be published.")
     else:
         fig = _story_images(plt, summary.samples, means, classes, image_shape)
-        title += "one row alone shows nothing; the mean of a class's rows shows the class"
+        title += "one row alone is mostly noise; the mean of a class's rows shows the class"
         k = max(len(summary.samples[c]) for c in classes)
         caption = (f"Left: {k} single DP rows per class, as released. Right: the mean of the class's DP rows "
                    f"({min(counts)} to {max(counts)} rows; post-processing). "
