@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "sibling_path",
     "write_text_atomic",
+    "write_bytes_atomic",
     "write_json_atomic",
     "replace_directory",
     "atomic_directory",
@@ -51,6 +52,11 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = 
     >>> p.read_text()
     'hello'
     """
+    return write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
+    """Write ``data`` to ``path`` atomically (``mode``: as in :func:`write_text_atomic`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = sibling_path(path, "tmp")
@@ -58,8 +64,8 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = 
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
         if mode is not None:
             os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
-        with open(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -13,7 +13,9 @@ import zarr
 from click.testing import CliRunner
 
 from kahm_dask.cli import main
+from kahm_dask.pipeline.runs.central import _dp_row_summary
 from kahm_dask.pipeline.stores.manifest import read_manifest
+from kahm_dask.pipeline.stores.model import cluster_dir
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
 from tests._kit import pipeline_file
 
@@ -61,6 +63,16 @@ def test_cli_run_writes_the_public_and_owner_folders(tmp_path, digits):
         fab = zarr.open_group(str(path), mode="r")["dp_rows"][:]
         dist = np.sqrt(((fab[:, None, :] - X_tr[None, :, :]) ** 2).sum(-1)).min(axis=1)
         assert dist.min() > 1e-9
+
+    # dp_rows.png draws the mean of each class's DP rows (at most ClassSummary.max_rows of them)
+    summary = _dp_row_summary(public / "model.zarr")
+    stored = {}
+    for entry in manifest["clusters"]:
+        group = zarr.open_group(str(cluster_dir(public / "model.zarr", entry["class"], entry["cluster"])), mode="r")
+        stored.setdefault(manifest["classes"][entry["class"]], []).append(group["dp_rows"][:])
+    assert summary.counts == {c: sum(map(len, rows)) for c, rows in stored.items()}
+    for c, rows in stored.items():
+        assert np.allclose(summary.means()[c], np.vstack(rows).mean(axis=0), rtol=1e-12, atol=1e-12)
 
 
 def test_cli_run_budget_refuses_a_second_release(tmp_path):

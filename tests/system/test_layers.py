@@ -12,7 +12,8 @@ from tests._kit import REPO
 
 CORE = ["kahm_dask", "kahm_dask.classifier", "kahm_dask.federated", "kahm_dask.datasets", "kahm_dask.privacy",
         "kahm_dask.privacy.ledger", "kahm_dask.privacy.release", "kahm_dask.privacy.fingerprint",
-        "kahm_dask.privacy.membership", "kahm_dask.privacy.fabrication", "kahm_dask.recipe", "kahm_dask.params"]
+        "kahm_dask.privacy.membership", "kahm_dask.privacy.fabrication", "kahm_dask.recipe", "kahm_dask.params",
+        "kahm_dask.report"]
 FORBIDDEN = ("dask", "distributed", "dask_ml", "zarr", "fsspec", "kahm_dask.pipeline", "kahm_dask.cli")
 
 

@@ -139,6 +139,8 @@ def test_no_picture_of_real_rows(quickstart_run, private_rows):
     for arr in (a for n, a in _zarr_arrays(out / "public" / "model.zarr").items() if n.endswith("dp_rows")):
         fabricated |= {r.tobytes() for r in arr.astype(np.float64)}
     private = set().union(*(_row_keys(X) for X in private_rows.values()))
-    for rows in drawn[0].values():
+    summary = drawn[0]  # single DP rows and each class's mean of DP rows
+    for rows in summary.samples.values():
         for r in np.asarray(rows, dtype=np.float64):
             assert r.tobytes() in fabricated and r.tobytes() not in private
+    assert all(m.tobytes() not in private for m in summary.means().values())

@@ -8,7 +8,7 @@ The run folder is split at the release boundary (:class:`~kahm_dask.pipeline.run
 
 * ``public/`` may be published: ``model.zarr`` (DP rows and models fitted on them),
   ``PRIVACY.md`` (the privacy statement of the settings used, and the ledger's total) and
-  ``dp_rows.png`` (DP rows only). Only DP runs have one.
+  ``dp_rows.png`` (single DP rows beside each class's mean of DP rows). Only DP runs have one.
 * ``owner/`` stays with the data owner: ``data/`` (the private stores and their privacy
   ledger), ``work/`` (private copies, the noisy rows), ``predictions.zarr``, ``report.json``,
   ``report.md`` and ``distances.png``: everything computed on private rows (accuracy on the
@@ -63,6 +63,7 @@ from kahm_dask.privacy.membership import (
     membership_inference_from_distances,
     training_row_subset,
 )
+from kahm_dask.report.pictures import ClassSummary
 from kahm_dask.storage.locks import exclusive
 from kahm_dask.storage.private import make_private
 
@@ -269,20 +270,21 @@ def report_metrics(
     }
 
 
-def _dp_row_samples(model_path: Path, k: int = 4) -> dict:
-    """A few DP rows per class from the model store (fabricated or noisy rows only)."""
+def _dp_row_summary(model_path: Path) -> ClassSummary | None:
+    """A few DP rows and the mean of up to ``ClassSummary.max_rows`` DP rows of each class, read
+    cluster by cluster from the model store (fabricated or noisy rows only); None without them."""
     manifest = read_manifest(model_path)
-    samples = {}
+    summary = ClassSummary()
     for entry in manifest["clusters"]:
         label = manifest["classes"][entry["class"]]
-        if label in samples:
+        if summary.counts.get(label, 0) >= summary.max_rows:
             continue
         group = zarr.open_group(str(cluster_dir(model_path, entry["class"], entry["cluster"])), mode="r")
         rows = dp_rows_array(group)
         if rows is None:
-            return {}
-        samples[label] = rows[:k]
-    return samples
+            return None
+        summary.add(label, rows[: summary.max_rows - summary.counts.get(label, 0)])
+    return summary
 
 
 def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: Progress | bool = True) -> dict:
@@ -338,7 +340,7 @@ def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: 
     )
     write_statement(paths, summary)
     write_report(paths.owner, metrics, plots=cfg.report.plots,
-                 dp_rows=_dp_row_samples(paths.model) if paths.private else {},
+                 dp_rows=_dp_row_summary(paths.model) if paths.private else None,
                  d_train=d_train, d_test=d_test,
                  statement_markdown=summary["privacy_statement_markdown"],
                  public_dir=paths.public if paths.private else None)

@@ -11,44 +11,22 @@ rows is made anywhere. Plots use matplotlib's Agg backend (files only, no screen
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import numpy as np
 
 from kahm_dask.pipeline.runs.layout import DISTANCES_PLOT, DP_ROWS_PLOT, REPORT_JSON, REPORT_MD, STATEMENT_FILE
-from kahm_dask.storage.atomic import write_json_atomic, write_text_atomic
+from kahm_dask.report.pictures import ClassSummary, class_story, image_shape_of, png_bytes
+from kahm_dask.storage.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 __all__ = ["write_report", "write_privacy_statement", "ledger_markdown", "console_summary"]
 
-def _image_side(p: int) -> int | None:
-    side = math.isqrt(p)
-    return side if side * side == p and side >= 4 else None
-
-
-def _plot_dp_rows(path: Path, dp_rows: dict, side: int, k: int = 4) -> None:
-    """A grid of DP rows (noisy or fabricated), one class per line: no real row is drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    classes = list(dp_rows)[:10]
-    fig, axes = plt.subplots(len(classes), k, figsize=(k * 0.9, len(classes) * 0.95))
-    axes = np.atleast_2d(axes).reshape(len(classes), k)
-    for i, c in enumerate(classes):
-        rows = dp_rows[c]
-        for j in range(k):
-            ax = axes[i, j]
-            if j < len(rows):
-                ax.imshow(np.asarray(rows[j]).reshape(side, side), cmap="gray_r")
-            ax.set_xticks([]), ax.set_yticks([])
-        axes[i, 0].set_ylabel(str(c), rotation=0, labelpad=10)
-    axes[0, 0].set_title("DP rows only", loc="left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+def _plot_dp_rows(path: Path, summary: ClassSummary, epsilon: float, p: int) -> None:
+    """The publishable picture of the release (:func:`~kahm_dask.report.pictures.class_story`):
+    single DP rows beside each class's mean of DP rows; no real row is drawn."""
+    fig = class_story(summary, epsilon=epsilon, image_shape=image_shape_of(p))
+    write_bytes_atomic(path, png_bytes(fig))
 
 
 def _plot_histograms(path: Path, d_train: np.ndarray, d_test: np.ndarray) -> None:
@@ -264,7 +242,7 @@ def write_report(
     metrics: dict,
     *,
     plots: bool = True,
-    dp_rows: dict | None = None,
+    dp_rows: ClassSummary | None = None,
     d_train: np.ndarray | None = None,
     d_test: np.ndarray | None = None,
     statement_markdown: str | None = None,
@@ -273,7 +251,8 @@ def write_report(
     """Write ``out/report.json`` and ``out/report.md`` (``out``: the owner's folder); return the
     markdown text. The markdown gives the results (each explained in a line), the timings, the
     settings, the privacy statement and where things are, in that order. With ``public_dir`` (a
-    DP run), the DP rows' plot goes there and the report says which folder is which."""
+    DP run), the picture of ``dp_rows`` (single DP rows and each class's mean of DP rows) goes
+    there and the report says which folder is which."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / REPORT_JSON, metrics, indent=2, default=_jsonable)
@@ -293,11 +272,10 @@ def write_report(
     if plots and d_train is not None and d_test is not None and len(d_train) and len(d_test):
         _plot_histograms(out / DISTANCES_PLOT, d_train, d_test)
         lines += ["", "## Distances, members vs non-members (owner only)", "", f"![distances]({DISTANCES_PLOT})"]
-    side = _image_side(int(metrics.get("n_features", 0)))
-    if plots and dp_rows and side and public_dir is not None:
+    if plots and dp_rows and dp_rows.counts and public_dir is not None:
         public_dir = Path(public_dir)
         public_dir.mkdir(parents=True, exist_ok=True)
-        _plot_dp_rows(public_dir / DP_ROWS_PLOT, dp_rows, side)
+        _plot_dp_rows(public_dir / DP_ROWS_PLOT, dp_rows, metrics["epsilon"], int(metrics["n_features"]))
         rel = os.path.relpath(public_dir / DP_ROWS_PLOT, out)
         lines += ["", "## DP rows (public)", "", f"![DP rows]({rel})"]
     if public_dir is not None:

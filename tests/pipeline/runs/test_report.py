@@ -112,3 +112,22 @@ def test_report_failure_mid_write_keeps_the_old_report(tmp_path, disk_full):
     after = {p.name: p.read_bytes() for p in (tmp_path / "report.json", tmp_path / "report.md", statement)}
     assert after == before
     assert leftovers(tmp_path) == [] and leftovers(tmp_path / "public") == []
+
+
+# --------------------------------------------------------------------------- the public picture
+
+
+def test_a_dp_run_of_any_shape_publishes_its_class_story(tmp_path):
+    import matplotlib.image
+    import numpy as np
+
+    from kahm_dask.report.pictures import ClassSummary
+
+    rng = np.random.default_rng(0)
+    for p, name in ((30, "table"), (64, "images")):
+        summary = ClassSummary.from_rows(rng.normal(size=(40, p)), np.repeat([0, 1], 20))
+        metrics = {"name": name, "epsilon": 1.0, "n_features": p}
+        text = write_report(tmp_path / name / "owner", metrics, dp_rows=summary, public_dir=tmp_path / name / "public")
+        picture = tmp_path / name / "public" / "dp_rows.png"
+        assert min(matplotlib.image.imread(picture).shape[:2]) > 150 and "## DP rows (public)" in text
+        assert leftovers(tmp_path / name / "public") == []

@@ -1,0 +1,108 @@
+"""The quality report file: owner-only by mode, each section and picture labelled publishable
+or owner only, every score explained, every field of the statement shown, the same bytes for the
+same inputs, and bad input refused by name before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import re
+import stat
+
+import numpy as np
+import pytest
+
+from kahm_dask.datasets import make_class_blobs
+from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
+from kahm_dask.privacy.noise import GridLaplace
+from kahm_dask.privacy.statement import PrivacyStatement
+from kahm_dask.report import write_quality_report
+from kahm_dask.report.html import MEANINGS, OWNER_ONLY, PUBLISHABLE
+
+
+@dataclasses.dataclass(frozen=True)
+class _StatementWithPLD(PrivacyStatement):
+    """A statement with a field added later (a tighter per-record ε): the report shows it."""
+
+    epsilon_per_record_pld: float | None = None
+
+
+def _inputs() -> dict:
+    X, y = make_class_blobs(700, n_features=16, n_classes=3, random_state=1)
+    rng = np.random.default_rng(5)
+    mechanism = GridLaplace(epsilon=2.0, lower=np.zeros(16), upper=np.ones(16))
+    statement = _StatementWithPLD(**vars(PrivacyStatement.from_settings(mechanism, BOUNDS_PUBLIC, dp_data="noisy")),
+                                  epsilon_per_record_pld=11.5)
+    return dict(real_X=X[:500], real_y=y[:500], dp_X=X[:500] + rng.laplace(scale=0.5, size=(500, 16)),
+                dp_y=y[:500], test_X=X[500:], test_y=y[500:], statement=statement, bounds=(0.0, 1.0),
+                image_shape=(4, 4), audit={"epsilon_lower_bound": 0.7, "confidence": 0.95})
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "quality.html"
+    write_quality_report(path, **_inputs())
+    return path
+
+
+def _sections(page: str) -> dict:
+    return {m.group(2): m.group(1) for m in re.finditer(r'<section class="\w+" data-label="([^"]+)"><h2>([^<]+?) <',
+                                                         page)}
+
+
+def test_the_report_is_owner_only_by_mode(report):
+    assert stat.S_IMODE(report.stat().st_mode) == 0o600
+
+
+def test_each_section_is_labelled_publishable_only_when_it_reads_no_private_row(report):
+    page = report.read_text(encoding="utf-8")
+    assert _sections(page) == {
+        "Privacy": PUBLISHABLE,
+        "The DP rows": PUBLISHABLE,
+        "Fidelity: DP rows against the private rows": OWNER_ONLY,
+        "Machine-learning efficacy (TSTR vs TRTR)": OWNER_ONLY,
+    }
+    # every picture is inline, captioned and labelled like its section
+    figures = re.findall(r'<figure data-label="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,', page)
+    assert figures == [PUBLISHABLE, PUBLISHABLE, OWNER_ONLY, OWNER_ONLY, OWNER_ONLY]
+    assert page.count("<figcaption>") == len(figures) == page.count("<img ")
+    assert "src=\"http" not in page and "src=\"file" not in page  # self-contained
+
+
+def test_every_score_is_explained_and_every_statement_field_is_shown(report):
+    page = report.read_text(encoding="utf-8")
+    for meaning in MEANINGS.values():
+        assert html.escape(meaning) in page
+    assert "<td>ε per entry</td><td>2</td>" in page and "<td>ε per record (p·ε)</td><td>32</td>" in page
+    assert "<td>epsilon per record pld</td><td>11.5</td>" in page  # a field the statement gained later
+    assert "<td>epsilon_lower_bound</td><td>0.7</td>" in page  # the audit, as given
+    for row in ("KAHM</td><td>DP rows (TSTR)", "KAHM</td><td>real rows (TRTR)",
+                "LogisticRegression</td><td>DP rows (TSTR)", "LogisticRegression</td><td>real rows (TRTR)"):
+        assert row in page
+
+
+def test_the_same_inputs_give_the_same_file(report, tmp_path):
+    again = write_quality_report(tmp_path / "again.html", **_inputs())
+    assert again.read_bytes() == report.read_bytes()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"dp_X": np.zeros((500, 15))}, "dp_X has 15 features, real_X has 16"),
+    ({"dp_y": np.zeros(499)}, r"dp_y must hold one label per row of dp_X \(500\)"),
+    ({"test_y": np.full(200, 9)}, r"test_y has classes not in real_y: \[9\]"),
+    ({"image_shape": (8, 8)}, r"image_shape \(8, 8\) does not hold 16 features"),
+    ({"feature_names": ["a"]}, "feature_names has 1 names for 16 features"),
+    ({"real_X": np.full((500, 16), np.nan)}, "real_X holds NaN"),
+    ({"bounds": (1.0, 0.0)}, "upper must exceed lower"),
+])
+def test_bad_input_is_refused_by_name_before_anything_is_written(tmp_path, change, message):
+    path = tmp_path / "quality.html"
+    with pytest.raises(ValueError, match=message):
+        write_quality_report(path, **{**_inputs(), **change})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_statement_that_is_not_one_is_refused_by_name(tmp_path):
+    with pytest.raises(TypeError, match="statement must be the release's PrivacyStatement, got dict"):
+        write_quality_report(tmp_path / "quality.html", **{**_inputs(), "statement": {"epsilon": 1.0}})
+    assert list(tmp_path.iterdir()) == []
