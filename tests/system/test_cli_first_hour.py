@@ -1,0 +1,77 @@
+"""Traps of a user's first hour with the command line (each failed on the code before).
+
+Findings replayed: a second `ingest` of another CSV beside the first wrote the first file's
+rows (a private ``raw.zarr`` left by the first was reused without a word, and a failed ingest
+left it too); `ingest --scale minmax` without `--bounds` scaled by the private min/max without
+the warning its help promises; a CSV row five fields short said "the label is missing".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from sklearn.datasets import load_breast_cancer, load_digits
+
+from kahm_dask.cli import main
+from kahm_dask.cli.session import one_line_warning
+from kahm_dask.pipeline.stores.dataset import open_dataset
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
+
+
+def _invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _csv(path, loader) -> tuple:
+    X, y = loader(return_X_y=True)
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", fmt="%g")
+    return X.shape
+
+
+# ------------------------------------------------------------------ ingest writes its own source
+
+
+def test_a_second_ingest_writes_its_own_rows(tmp_path):
+    data = tmp_path / "dir"
+    data.mkdir()
+    digits = _csv(tmp_path / "digits.csv", load_digits)
+    cancer = _csv(tmp_path / "breast_cancer.csv", load_breast_cancer)
+    for name, source, bounds, shape in (("first", "digits.csv", (0, 16), digits),
+                                        ("second", "breast_cancer.csv", (0, 4300), cancer)):
+        result = _invoke("ingest", tmp_path / source, data / f"{name}.zarr", "--test-store", data / f"{name}_test.zarr",
+                         "--bounds", *bounds, "--scale", "minmax")
+        assert result.exit_code == 0, result.output
+        train, test = open_dataset(data / f"{name}.zarr"), open_dataset(data / f"{name}_test.zarr")
+        assert train.n_features == test.n_features == shape[1]
+        assert train.n_samples + test.n_samples == shape[0]
+    assert sorted(p.name for p in data.iterdir()) == ["first.zarr", "first_test.zarr", "second.zarr",
+                                                       "second_test.zarr"]  # no private copy left behind
+
+
+def test_a_failed_ingest_leaves_no_private_copy(tmp_path):
+    source = tmp_path / "bad.csv"
+    source.write_text("1,2,0\n3,4,0\n5,6,0\n7,8,1\n")  # read, then the stratified split fails (one row of 1)
+    result = _invoke("ingest", source, tmp_path / "out" / "s.zarr", "--test-store", tmp_path / "out" / "t.zarr",
+                     "--bounds", 0, 10, "--test-size", 0.5)
+    assert result.exit_code == 1 and "least populated class" in result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+# ------------------------------------------------------------------ minmax without bounds warns
+
+
+def test_minmax_without_bounds_warns_that_the_scaling_is_private(tmp_path):
+    with pytest.warns(PrivacyLeakWarning, match="private") as caught:
+        result = _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", "--scale", "minmax")
+    assert result.exit_code == 0, result.output
+    w = next(w for w in caught if w.category is PrivacyLeakWarning)
+    line = one_line_warning(w.message, w.category, w.filename, w.lineno)  # how the console shows it
+    assert line.startswith("PrivacyLeakWarning: the features were scaled by the training rows' min and max, "
+                           "which are private") and line.count("\n") == 1 and ".py" not in line
+    assert "give --bounds LOW HIGH" in line and "(--scale minmax without --bounds)" in line
+
+
+def test_minmax_with_bounds_does_not_warn(tmp_path, recwarn):
+    assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", "--scale", "minmax", "--bounds", 0, 8).exit_code == 0
+    assert not [w for w in recwarn if w.category is PrivacyLeakWarning]
