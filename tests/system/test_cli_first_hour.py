@@ -75,3 +75,17 @@ def test_minmax_without_bounds_warns_that_the_scaling_is_private(tmp_path):
 def test_minmax_with_bounds_does_not_warn(tmp_path, recwarn):
     assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", "--scale", "minmax", "--bounds", 0, 8).exit_code == 0
     assert not [w for w in recwarn if w.category is PrivacyLeakWarning]
+
+
+# ------------------------------------------------------------------ messages that name the problem
+
+
+def test_a_short_csv_row_is_named_by_its_line_and_field_count(tmp_path):
+    rows = [",".join(f"{v:g}" for v in [*range(8), r % 2]) for r in range(20)]
+    rows[10] = "1,2,3,4"  # five fields short
+    source = tmp_path / "short.csv"
+    source.write_text("f0,f1,f2,f3,f4,f5,f6,f7,label\n" + "\n".join(rows) + "\n")
+    result = _invoke("ingest", source, tmp_path / "s.zarr")
+    assert result.exit_code == 1
+    assert f"{source}, line 12: the row has 4 fields where 9 are expected" in result.output
+    assert "label is missing" not in result.output and not (tmp_path / "s.zarr").exists()
