@@ -10,6 +10,7 @@ fitted on the old."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -148,13 +149,14 @@ def _read_pending(work_path: Location) -> dict | None:
 
 def _draw_noisy_rows(
     X: da.Array, release: Release, settings: TrainSettings, data: DataFingerprint, work_path: Location
-) -> da.Array:
+) -> tuple[da.Array, bool]:
     """The release's noisy rows, drawn and stored (in X's dtype) unless a complete copy of this
-    release is stored already; the pending marker names the release while it is drawn."""
+    release is stored already, and whether that stored copy was read (True) or the noise drawn;
+    the pending marker names the release while it is drawn."""
     path = work_path / NOISY
     if release.reused and is_complete(path) is not None:
         log.info("noise: reusing the stored noisy rows (release %s)", release.release_id)
-        return read_zarr(path)
+        return read_zarr(path), True
     binding = {**_noise_marker(release.mechanism, X, settings), "noise_id": release.release_id,
                "data": data.order, "data_rows": data.rows}
     (work_path / PENDING_FILE).write_json(binding)
@@ -165,7 +167,7 @@ def _draw_noisy_rows(
                                                                zarr_format=3, **ARRAY_CODECS)
     mark_complete(path, binding)
     (work_path / PENDING_FILE).remove()
-    return read_zarr(path)
+    return read_zarr(path), False
 
 
 def read_zarr(path: Location) -> da.Array:
@@ -190,7 +192,8 @@ def release_stage(
     model_path: Location, *, caller_partition: bool,
 ) -> tuple[da.Array, Release]:
     """The run's DP release (:func:`~kahm_dask.privacy.release.begin_release`: bounds, plan, the
-    data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn."""
+    data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn;
+    the release's ``reused`` says whether stored noisy rows were read."""
     params = settings.params
     bounds = release_bounds(settings, store)
     fr = store.attrs.get("feature_range")
@@ -212,4 +215,6 @@ def release_stage(
         details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
         stacklevel=4,
     )
-    return _draw_noisy_rows(X, release, settings, data, work_path), release
+    noisy, reused = _draw_noisy_rows(X, release, settings, data, work_path)
+    # a pending draw of an interrupted run continues its release but draws its noise again
+    return noisy, dataclasses.replace(release, reused=reused)
