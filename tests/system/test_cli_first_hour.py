@@ -8,11 +8,14 @@ the warning its help promises; a CSV row five fields short said "the label is mi
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from sklearn.datasets import load_breast_cancer, load_digits
 
+import kahm_dask.pipeline.cluster.connect  # noqa: F401  (sys.modules holds the module its function hides)
 from kahm_dask.cli import main
 from kahm_dask.cli.session import one_line_warning
 from kahm_dask.pipeline.stores.dataset import open_dataset
@@ -89,3 +92,21 @@ def test_a_short_csv_row_is_named_by_its_line_and_field_count(tmp_path):
     assert result.exit_code == 1
     assert f"{source}, line 12: the row has 4 fields where 9 are expected" in result.output
     assert "label is missing" not in result.output and not (tmp_path / "s.zarr").exists()
+
+
+def _refused(address, timeout, security=None):
+    from kahm_dask.pipeline.cluster.connect import ClusterConnectionError
+
+    raise ClusterConnectionError(f"cannot reach the Dask scheduler at {address} (test)")
+
+
+def test_a_plain_tcp_scheduler_warns_that_the_rows_travel_unencrypted(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules["kahm_dask.pipeline.cluster.connect"], "_client_for_address", _refused)
+    assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr").exit_code == 0
+    with pytest.warns(PrivacyLeakWarning, match="tls://") as caught:
+        result = _invoke("train", tmp_path / "s.zarr", tmp_path / "m.zarr", "--scheduler", "tcp://10.1.2.3:8786")
+    assert result.exit_code == 1 and "cannot reach the Dask scheduler" in result.output
+    w = next(w for w in caught if w.category is PrivacyLeakWarning)
+    line = one_line_warning(w.message, w.category, w.filename, w.lineno)
+    assert line.startswith("PrivacyLeakWarning: the Dask scheduler tcp://10.1.2.3:8786 is reached without TLS")
+    assert "--tls-ca-file" in line and line.count("\n") == 1
