@@ -8,6 +8,7 @@ the warning its help promises; a CSV row five fields short said "the label is mi
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -110,3 +111,15 @@ def test_a_plain_tcp_scheduler_warns_that_the_rows_travel_unencrypted(tmp_path, 
     line = one_line_warning(w.message, w.category, w.filename, w.lineno)
     assert line.startswith("PrivacyLeakWarning: the Dask scheduler tcp://10.1.2.3:8786 is reached without TLS")
     assert "--tls-ca-file" in line and line.count("\n") == 1
+
+
+def test_dashboard_address_none_says_the_dashboard_is_off(tmp_path, monkeypatch):
+    from kahm_dask.pipeline.cluster import connect
+
+    in_threads = lambda cfg: connect(dataclasses.replace(cfg, processes=False))  # noqa: E731  (fast start)
+    monkeypatch.setattr("kahm_dask.cli.session.connect", in_threads)
+    assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr").exit_code == 0
+    result = _invoke("train", tmp_path / "s.zarr", tmp_path / "m.zarr", "--n-components", 3, "--n-workers", 1,
+                     "--dashboard-address", "none")
+    assert result.exit_code == 0, result.output
+    assert "Dask dashboard: off" in result.output and "8787" not in result.output
