@@ -3,16 +3,19 @@
 Findings replayed: a second `ingest` of another CSV beside the first wrote the first file's
 rows (a private ``raw.zarr`` left by the first was reused without a word, and a failed ingest
 left it too); `ingest --scale minmax` without `--bounds` scaled by the private min/max without
-the warning its help promises; a CSV row five fields short said "the label is missing".
-"""
+the warning its help promises; a CSV row five fields short said "the label is missing"; a
+plain-TCP `--scheduler` gave no warning; `--dashboard-address none` printed a dashboard link;
+pipeline files on noisy rows said "fabricated" in their first comment."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from click.testing import CliRunner
 from sklearn.datasets import load_breast_cancer, load_digits
 
@@ -21,6 +24,8 @@ from kahm_dask.cli import main
 from kahm_dask.cli.session import one_line_warning
 from kahm_dask.pipeline.stores.dataset import open_dataset
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _invoke(*args):
@@ -123,3 +128,13 @@ def test_dashboard_address_none_says_the_dashboard_is_off(tmp_path, monkeypatch)
                      "--dashboard-address", "none")
     assert result.exit_code == 0, result.output
     assert "Dask dashboard: off" in result.output and "8787" not in result.output
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("*.yaml")), ids=lambda p: p.name)
+def test_a_pipeline_files_header_names_the_dp_rows_it_uses(path):
+    """The comment a pipeline file opens with says "fabricated" only if its rows are."""
+    header = "".join(line for line in path.read_text().splitlines(keepends=True)[:12] if line.startswith("#"))
+    header = header.split("\n#   kahm-dask run", 1)[0]  # the description, before the command
+    dp_data = (yaml.safe_load(path.read_text()).get("privacy") or {}).get("dp_data")
+    if dp_data != "fabricated":
+        assert "fabricated" not in header, f"{path.name} says fabricated but its privacy.dp_data is {dp_data}"
