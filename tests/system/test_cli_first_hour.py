@@ -24,12 +24,20 @@ from kahm_dask.cli import main
 from kahm_dask.cli.session import one_line_warning
 from kahm_dask.pipeline.stores.dataset import open_dataset
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.privacy.statement import PRIVATE_BOUNDS, PRIVATE_SCALING
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _in_threads(cluster_cfg):
+    """The command's cluster, its workers threads of this process (they start in a second)."""
+    from kahm_dask.pipeline.cluster import connect
+
+    return connect(dataclasses.replace(cluster_cfg, processes=False))
 
 
 def _csv(path, loader) -> tuple:
@@ -81,6 +89,17 @@ def test_minmax_without_bounds_warns_that_the_scaling_is_private(tmp_path):
     assert "give --bounds LOW HIGH" in line and "(--scale minmax without --bounds)" in line
 
 
+def test_a_model_trained_on_privately_scaled_stores_names_the_scaling(tmp_path, monkeypatch):
+    monkeypatch.setattr("kahm_dask.cli.session.connect", _in_threads)
+    with pytest.warns(PrivacyLeakWarning):
+        assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", "--scale", "minmax").exit_code == 0
+    with pytest.warns(PrivacyLeakWarning, match="ingest the rows again with --bounds LOW HIGH"):
+        result = _invoke("train", tmp_path / "s.zarr", tmp_path / "m.zarr", "--n-components", 3, "--epsilon", 2)
+    assert result.exit_code == 0, result.output
+    statement = (tmp_path / "m.zarr.PRIVACY.md").read_text()
+    assert PRIVATE_SCALING in statement and PRIVATE_BOUNDS not in statement
+
+
 def test_minmax_with_bounds_does_not_warn(tmp_path, recwarn):
     assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", "--scale", "minmax", "--bounds", 0, 8).exit_code == 0
     assert not [w for w in recwarn if w.category is PrivacyLeakWarning]
@@ -119,10 +138,7 @@ def test_a_plain_tcp_scheduler_warns_that_the_rows_travel_unencrypted(tmp_path, 
 
 
 def test_dashboard_address_none_says_the_dashboard_is_off(tmp_path, monkeypatch):
-    from kahm_dask.pipeline.cluster import connect
-
-    in_threads = lambda cfg: connect(dataclasses.replace(cfg, processes=False))  # noqa: E731  (fast start)
-    monkeypatch.setattr("kahm_dask.cli.session.connect", in_threads)
+    monkeypatch.setattr("kahm_dask.cli.session.connect", _in_threads)
     assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr").exit_code == 0
     result = _invoke("train", tmp_path / "s.zarr", tmp_path / "m.zarr", "--n-components", 3, "--n-workers", 1,
                      "--dashboard-address", "none")

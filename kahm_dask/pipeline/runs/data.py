@@ -51,6 +51,7 @@ __all__ = [
     "data_scaling",
     "scaled_d",
     "TANH255_RAW_BOUNDS",
+    "PRIVATE_MINMAX",
 ]
 
 #: The run folder's two halves: ``public/`` may be published, ``owner/`` stays with the owner.
@@ -247,7 +248,14 @@ def _write_data_stores(
     return train, write_dataset(test_path, _transform(Xte, Xtr, data), yte, source=data.source, **attrs, **kw)
 
 
+#: The ``scaling`` attribute of stores scaled by the training rows' private min and max.
+PRIVATE_MINMAX = {"kind": "minmax", "private": True}
+
+
 def _scaling(data, n_features: int) -> dict | None:
-    """The public scaling of the features (``Scaling.describe()``), None when not public."""
+    """The public scaling of the features (``Scaling.describe()``), :data:`PRIVATE_MINMAX` for
+    ``minmax`` without public raw bounds (a DP release from the store then names it), else None."""
     scaling = data_scaling(data, n_features)
-    return None if scaling is None or scaling.kind == "none" else scaling.describe()
+    if scaling is None:
+        return dict(PRIVATE_MINMAX) if data.scale == "minmax" else None
+    return None if scaling.kind == "none" else scaling.describe()

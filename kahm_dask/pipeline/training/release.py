@@ -23,6 +23,7 @@ from kahm_dask.pipeline.training.settings import TrainSettings
 from kahm_dask.pipeline.training.work import NOISY, PENDING_FILE
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
+    BOUNDS_PRIVATE_SCALING,
     BOUNDS_PUBLIC,
     FeatureBounds,
     ResolvedBounds,
@@ -30,6 +31,7 @@ from kahm_dask.privacy.bounds import (
     clipped_share,
     public_bounds,
     warn_if_clipped,
+    warn_private_scaling,
 )
 from kahm_dask.privacy.fingerprint import DataFingerprint
 from kahm_dask.privacy.noise import GridLaplace
@@ -47,7 +49,8 @@ __all__ = ["StoredNoiseError", "release_bounds", "noisy_array", "release_stage",
 
 def release_bounds(settings: TrainSettings, store: DatasetStore) -> ResolvedBounds:
     """The bounds of a DP release from ``store``: the settings' bounds, else the store's public
-    ``feature_range``, else each feature's private min/max (warns)."""
+    ``feature_range``, else [0, 1] for a store scaled by its private min/max (``scaling`` marked
+    ``private``: warns, and the statement names it), else each feature's private min/max (warns)."""
     p = store.n_features
     bounds = settings.bounds
     if bounds is not None:
@@ -60,6 +63,10 @@ def release_bounds(settings: TrainSettings, store: DatasetStore) -> ResolvedBoun
         scaling = store.attrs.get("scaling")
         scaling = None if not scaling else Scaling(scaling["kind"], scaling["raw_lower"], scaling["raw_upper"])
         return ResolvedBounds(*public_bounds((fr["min"], fr["max"]), p), BOUNDS_PUBLIC, scaling)
+    if (store.attrs.get("scaling") or {}).get("private"):
+        warn_private_scaling(remedy="ingest the rows again with --bounds LOW HIGH (data.bounds in a pipeline file), "
+                                    "the public range of the raw features", stacklevel=4)
+        return ResolvedBounds(np.zeros(p), np.ones(p), BOUNDS_PRIVATE_SCALING)
     return ResolvedBounds(*store_bounds(store), BOUNDS_PRIVATE)
 
 
