@@ -8,6 +8,7 @@ import click
 
 from kahm_dask.cli.options import StoreArgument, storage_option
 from kahm_dask.cli.session import fail, user_errors
+from kahm_dask.privacy.bounds import warn_private_scaling
 
 __all__ = ["ingest"]
 
@@ -56,6 +57,9 @@ def ingest(source: str, store, test_store, test_size, split_seed, bounds, scale,
             data = DataConfig(source=source, test_size=test_size, split_seed=split_seed, scale=scale,
                               bounds=None if bounds is None else list(bounds), chunk_rows=chunk_rows)
             _refuse_existing(overwrite, store, test_store)
+            if scale == "minmax" and bounds is None:
+                warn_private_scaling(remedy="give --bounds LOW HIGH, the public range of the raw features "
+                                            "(--scale minmax without --bounds)")
             stores = write_data_stores(data, Path(store), None if test_store is None else Path(test_store),
                                        overwrite=overwrite, dtype=dtype)
     except user_errors() as exc:

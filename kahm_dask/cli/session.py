@@ -34,7 +34,15 @@ def cluster_cfg(scheduler, cluster_config, n_workers, memory_limit, dashboard_ad
 
 
 def echo_dashboard(client) -> None:
-    """The dashboard's address on the console (where it listens, in words)."""
+    """The dashboard's address on the console (where it listens, in words), or that it is off.
+
+    A cluster started without a dashboard (``--dashboard-address none``) still answers
+    ``dashboard_link`` with the default port (its scheduler serves plain HTTP routes there),
+    so the cluster's own scheduler options decide."""
+    cluster = getattr(client, "cluster", None)
+    if (getattr(cluster, "scheduler_spec", None) or {}).get("options", {}).get("dashboard") is False:
+        click.echo("Dask dashboard: off", err=True)
+        return
     link = getattr(client, "dashboard_link", None)
     if not link:
         return

@@ -241,12 +241,16 @@ def warn_if_clipped(share: float, lower: np.ndarray, upper: np.ndarray, *, stack
     )
 
 
-def warn_private_scaling(*, stacklevel: int = 2) -> None:
-    """The :class:`PrivacyLeakWarning` of features scaled by their private min and max."""
+def warn_private_scaling(
+    *, remedy: str = "e.g. split_and_scale(X, y, bounds=(lower, upper)) or data.bounds in a pipeline file",
+    stacklevel: int = 2,
+) -> None:
+    """The :class:`PrivacyLeakWarning` of features scaled by their private min and max;
+    ``remedy`` names the caller's way to give public bounds."""
     warnings.warn(
         "the features were scaled by the training rows' min and max, which are private: the guarantee "
-        "does not cover them (one entry can move a whole column's scale). Scale by public bounds instead, "
-        "e.g. split_and_scale(X, y, bounds=(lower, upper)) or data.bounds in a pipeline file.",
+        f"does not cover them (one entry can move a whole column's scale). Scale by public bounds instead, "
+        f"{remedy}.",
         PrivacyLeakWarning,
         stacklevel=stacklevel + 1,
     )

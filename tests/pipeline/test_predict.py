@@ -4,7 +4,9 @@ prediction requests against one trained model (docs/reliability.md §6).
 
 * no model is loaded in the client while the graph is built; ``n_probe`` routes as the estimator;
 * bad input (the feature count, NaN rows) is refused naming it; no client: the threads;
-* a prediction that fails mid-way keeps the previous predictions whole;
+* a prediction that fails mid-way keeps the previous predictions whole and leaves no partial
+  copy, also when another chunk is still being written as it fails (the race that once left a
+  ``.p.zarr.tmp-…``: the partial copy was deleted while that write ran, and the write recreated it);
 * fast: four concurrent requests with different inputs, and two models at once, on one
   client each get their own results (task keys depend on the input and the model store);
 * slow: eight concurrent requests on a 2-worker LocalCluster (1 GiB per worker) finish with
@@ -14,6 +16,7 @@ prediction requests against one trained model (docs/reliability.md §6).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -116,25 +119,32 @@ def test_predict_without_a_client(stores):
 
 
 def test_failed_prediction_keeps_the_previous_predictions(tmp_path, monkeypatch):
-    from distributed import Client, LocalCluster
-
-    from kahm_dask.pipeline import predict as predict_mod
-
     store, labels, X = small_training(tmp_path)
     train_small(store, labels, tmp_path)
     Xd = da.from_array(X, chunks=(60, X.shape[1]))
     with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
         before = predict_to_store(tmp_path / "m.zarr", Xd, tmp_path / "p.zarr", client)[PREDICTIONS][:]
-        real = predict_mod._cluster_block
+        real = zarr.storage.LocalStore.set
+        first_chunk_started = threading.Event()
 
-        def fails_on_the_last_block(x, path, *args):
-            if x.shape[0] and np.array_equal(x[-1], X[-1]):
+        async def racing_writes(store, key, value):
+            """Chunk 0 of the predictions is still being written when chunk 3's write fails."""
+            if key == f"{PREDICTIONS}/c/0":
+                first_chunk_started.set()
+                await asyncio.sleep(0.5)
+            elif key == f"{PREDICTIONS}/c/3":
+                for _ in range(500):  # at most 5 s
+                    if first_chunk_started.is_set():
+                        break
+                    await asyncio.sleep(0.01)
                 raise MemoryError("worker ran out of memory")
-            return real(x, path, *args)
+            return await real(store, key, value)
 
-        monkeypatch.setattr(predict_mod, "_cluster_block", fails_on_the_last_block)
+        monkeypatch.setattr(zarr.storage.LocalStore, "set", racing_writes)
         with pytest.raises(MemoryError):
             predict_to_store(tmp_path / "m.zarr", Xd, tmp_path / "p.zarr", client)
+        assert first_chunk_started.is_set()
+        time.sleep(1.0)  # the client lives on (a served model): a write still running would land now
     group = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")
     assert "classes" in group.attrs  # a complete result, not a partial one
     np.testing.assert_array_equal(group[PREDICTIONS][:], before)

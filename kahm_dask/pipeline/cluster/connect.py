@@ -19,7 +19,7 @@ from kahm_dask.pipeline.cluster.plugins import (
     TaskCode,
     blas_limited_here,
 )
-from kahm_dask.pipeline.cluster.security import TLS_PROTOCOL, check_address, to_security
+from kahm_dask.pipeline.cluster.security import TLS_PROTOCOL, check_address, to_security, warn_unencrypted
 from kahm_dask.pipeline.config.cluster_files import ClusterSpec, LocalSpec, RemoteSpec, load_cluster_config
 from kahm_dask.pipeline.config.sections import ClusterConfig
 
@@ -80,11 +80,13 @@ def connect_address(
 
     ``security`` is needed for, and only for, a ``tls://`` address
     (:func:`~kahm_dask.pipeline.cluster.security.check_address`; ``address_key`` and ``security_key``
-    name the two in its error). :class:`ClusterConnectionError` if the scheduler does not
-    answer within ``timeout`` seconds or refuses this client. The workers run one BLAS thread
+    name the two in its error); any other address warns
+    (:func:`~kahm_dask.pipeline.cluster.security.warn_unencrypted`). :class:`ClusterConnectionError`
+    if the scheduler does not answer within ``timeout`` seconds or refuses this client. The workers run one BLAS thread
     per Dask thread (module docstring).
     """
     check_address(address, security is not None, address_key=address_key, tls_key=security_key)
+    warn_unencrypted(address, stacklevel=4)
     with _client_for_address(address, timeout, security) as client:
         client.register_plugin(SingleThreadedBLAS())
         client.register_plugin(ReusedHeap())

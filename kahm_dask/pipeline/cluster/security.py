@@ -20,21 +20,24 @@ Files are checked when the settings are built: they must exist and load as a cer
 chain (a wrong path or a key that does not match the certificate is named at once, not at the
 first connection). :func:`check_address` refuses the two silent mistakes: a ``tls://`` address
 without TLS settings, and TLS settings with an address that is not ``tls://`` (the user would
-believe the connection is protected when it is not). Relative paths are relative to the
-current working directory, as every path of the configs.
+believe the connection is protected when it is not). :func:`warn_unencrypted` warns about a
+scheduler address without TLS. Relative paths are relative to the current working directory, as
+every path of the configs.
 """
 
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from kahm_dask.pipeline.config.sections import ALL_ROLES, TLS_PROTOCOL, TLSConfig, check_address
+from kahm_dask.privacy.randomness import PrivacyLeakWarning
 
 if TYPE_CHECKING:  # imported where used: loading a config does not import distributed
     from distributed.security import Security
 
-__all__ = ["TLS_PROTOCOL", "ALL_ROLES", "check_address", "to_security"]
+__all__ = ["TLS_PROTOCOL", "ALL_ROLES", "check_address", "to_security", "warn_unencrypted"]
 
 
 def to_security(tls: TLSConfig, roles: tuple[str, ...] = ("client",)) -> Security:
@@ -48,3 +51,19 @@ def to_security(tls: TLSConfig, roles: tuple[str, ...] = ("client",)) -> Securit
         files[f"tls_{role}_cert"] = str(tls.cert)
         files[f"tls_{role}_key"] = None if tls.key is None else str(tls.key)
     return Security(tls_ca_file=str(tls.ca_file), require_encryption=tls.require_encryption, **files)
+
+
+def warn_unencrypted(address: str, *, stacklevel: int = 2) -> None:
+    """Warn (:class:`~kahm_dask.privacy.randomness.PrivacyLeakWarning`) when the scheduler
+    ``address`` is not ``tls://``: the private rows would cross the network unencrypted, and the
+    scheduler would take any client, which can read them from the workers. In-process
+    (``inproc://``) addresses do not leave the process and do not warn."""
+    if address.startswith((TLS_PROTOCOL, "inproc://")):
+        return
+    warnings.warn(
+        f"the Dask scheduler {address} is reached without TLS: the private rows travel unencrypted, and any "
+        "client that reaches the scheduler can read them from its workers. Use its tls:// address with "
+        "--tls-ca-file, --tls-cert and --tls-key (cluster.tls in a pipeline file; docs/usage.md, section TLS).",
+        PrivacyLeakWarning,
+        stacklevel=stacklevel + 1,
+    )

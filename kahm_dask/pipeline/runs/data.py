@@ -15,7 +15,10 @@ whether they are public. The stores live in ``<output>/owner/data`` (the data ow
 
 from __future__ import annotations
 
+import shutil
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dask
@@ -36,6 +39,7 @@ from kahm_dask.privacy.bounds import (
     public_bounds,
 )
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.storage.atomic import sibling_path
 from kahm_dask.storage.private import private_directory
 
 __all__ = [
@@ -47,6 +51,7 @@ __all__ = [
     "data_scaling",
     "scaled_d",
     "TANH255_RAW_BOUNDS",
+    "PRIVATE_MINMAX",
 ]
 
 #: The run folder's two halves: ``public/`` may be published, ``owner/`` stays with the owner.
@@ -55,14 +60,25 @@ TANH255_RAW_BOUNDS = (0.0, 255.0)
 
 
 def load_source(source: str, raw_path: Path, chunk_rows: int | None) -> DatasetStore:
-    """Open or ingest a file source into a dataset store at ``raw_path``."""
+    """Open a dataset store source, or ingest a file source into a new dataset store at
+    ``raw_path`` (which must not exist: a store found there is never taken for the source)."""
     if source.endswith(".zarr") or source.endswith(".zarr/"):
         return open_dataset(source)
     if "," in source:
         source = tuple(s.strip() for s in source.split(","))
-    if raw_path.exists():
-        return open_dataset(raw_path)
     return ingest(source, raw_path, chunk_rows=chunk_rows)
+
+
+@contextmanager
+def _raw_copies(train_path: Path) -> Iterator[Path]:
+    """A new owner-only (0700) hidden folder beside the train store, ``.<name>.raw.tmp-<hex>``,
+    for the raw copies of file sources while the stores are written from them; it is removed
+    when the block ends, on success and on failure, so no later write can pick up its rows."""
+    folder = private_directory(sibling_path(train_path, "raw.tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def raw_bounds(data, n_features: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -180,8 +196,17 @@ def write_data_stores(
 
     Each store records its public ``feature_range`` and ``scaling`` when the bounds are public.
     ``dtype``: of the stored rows (default float64; a synthetic source's own).
-    Raw copies of file sources are kept beside the train store (``raw.zarr``, ``raw_test.zarr``).
+    File sources are read through raw copies in a private folder beside the train store that
+    lives only while the stores are written (:func:`_raw_copies`).
     """
+    with _raw_copies(Path(train_path)) as raw_folder:
+        return _write_data_stores(data, train_path, test_path, raw_folder, overwrite=overwrite, dtype=dtype)
+
+
+def _write_data_stores(
+    data, train_path: Path, test_path: Path | None, raw_folder: Path, *, overwrite: bool, dtype: str | None
+) -> tuple[DatasetStore, DatasetStore | None]:
+    """:func:`write_data_stores`, the raw copies of file sources in ``raw_folder``."""
     kw = {"chunk_rows": data.chunk_rows, "overwrite": overwrite}
     if data.source.startswith("sklearn:"):
         X, y = load_bundled(data.source.split(":", 1)[1])
@@ -201,10 +226,10 @@ def write_data_stores(
         Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]  # labels are i.i.d.
         source_dtype = syn.dtype
     else:
-        raw = load_source(data.source, Path(train_path).parent / "raw.zarr", data.chunk_rows)
+        raw = load_source(data.source, raw_folder / "train.zarr", data.chunk_rows)
         source_dtype = "float64"
         if data.test_source:
-            test_raw = load_source(data.test_source, Path(train_path).parent / "raw_test.zarr", data.chunk_rows)
+            test_raw = load_source(data.test_source, raw_folder / "test.zarr", data.chunk_rows)
             Xtr, ytr, Xte, yte = raw.X(), raw.labels(), test_raw.X(), test_raw.labels()
         elif test_path is None:
             Xtr, ytr, Xte, yte = raw.X(), raw.labels(), None, None
@@ -223,7 +248,14 @@ def write_data_stores(
     return train, write_dataset(test_path, _transform(Xte, Xtr, data), yte, source=data.source, **attrs, **kw)
 
 
+#: The ``scaling`` attribute of stores scaled by the training rows' private min and max.
+PRIVATE_MINMAX = {"kind": "minmax", "private": True}
+
+
 def _scaling(data, n_features: int) -> dict | None:
-    """The public scaling of the features (``Scaling.describe()``), None when not public."""
+    """The public scaling of the features (``Scaling.describe()``), :data:`PRIVATE_MINMAX` for
+    ``minmax`` without public raw bounds (a DP release from the store then names it), else None."""
     scaling = data_scaling(data, n_features)
-    return None if scaling is None or scaling.kind == "none" else scaling.describe()
+    if scaling is None:
+        return dict(PRIVATE_MINMAX) if data.scale == "minmax" else None
+    return None if scaling.kind == "none" else scaling.describe()

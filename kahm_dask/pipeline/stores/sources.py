@@ -274,6 +274,8 @@ def _csv_source(path: Path, label_column: int, header: bool | None) -> Source:
         ) as reader:
             start = 0
             for frame in _parsed_frames(reader, path):
+                if frame.isna().to_numpy().any():  # a short row reads as empty trailing fields
+                    _refuse_short_rows(path, n_cols, has_header, start + len(frame))
                 missing = frame[label].isna().to_numpy()
                 if missing.any():
                     raise ValueError(f"{path}: the label is missing at row "
@@ -299,6 +301,25 @@ def _parsed_frames(reader: Iterator[Any], path: Path) -> Iterator[Any]:
         except ValueError as exc:  # includes pandas' ParserError
             raise ValueError(f"Cannot parse {path} as a numeric CSV: {exc}") from None
         yield frame
+
+
+def _refuse_short_rows(path: Path, n_cols: int, has_header: bool, n_rows: int) -> None:
+    """ValueError naming the file line and field count of the first of the first ``n_rows``
+    data rows of ``path`` that has fewer than ``n_cols`` fields (blank lines are skipped, as
+    pandas skips them); nothing if there is none."""
+    with _open_text(path) as fh:
+        reader = csv.reader(fh)
+        seen = 0
+        for row in reader:
+            if not row or (has_header and reader.line_num == 1):
+                continue
+            if len(row) < n_cols:
+                raise ValueError(f"{path}, line {reader.line_num}: the row has {len(row)} field"
+                                 f"{'s' if len(row) != 1 else ''} where {n_cols} are expected "
+                                 f"({n_cols - 1} features and the label).")
+            seen += 1
+            if seen >= n_rows:
+                return
 
 
 def _first_csv_row(path: Path) -> list[str]:

@@ -10,6 +10,7 @@ fitted on the old."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -22,6 +23,7 @@ from kahm_dask.pipeline.training.settings import TrainSettings
 from kahm_dask.pipeline.training.work import NOISY, PENDING_FILE
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
+    BOUNDS_PRIVATE_SCALING,
     BOUNDS_PUBLIC,
     FeatureBounds,
     ResolvedBounds,
@@ -29,6 +31,7 @@ from kahm_dask.privacy.bounds import (
     clipped_share,
     public_bounds,
     warn_if_clipped,
+    warn_private_scaling,
 )
 from kahm_dask.privacy.fingerprint import DataFingerprint
 from kahm_dask.privacy.noise import GridLaplace
@@ -46,7 +49,8 @@ __all__ = ["StoredNoiseError", "release_bounds", "noisy_array", "release_stage",
 
 def release_bounds(settings: TrainSettings, store: DatasetStore) -> ResolvedBounds:
     """The bounds of a DP release from ``store``: the settings' bounds, else the store's public
-    ``feature_range``, else each feature's private min/max (warns)."""
+    ``feature_range``, else [0, 1] for a store scaled by its private min/max (``scaling`` marked
+    ``private``: warns, and the statement names it), else each feature's private min/max (warns)."""
     p = store.n_features
     bounds = settings.bounds
     if bounds is not None:
@@ -59,6 +63,10 @@ def release_bounds(settings: TrainSettings, store: DatasetStore) -> ResolvedBoun
         scaling = store.attrs.get("scaling")
         scaling = None if not scaling else Scaling(scaling["kind"], scaling["raw_lower"], scaling["raw_upper"])
         return ResolvedBounds(*public_bounds((fr["min"], fr["max"]), p), BOUNDS_PUBLIC, scaling)
+    if (store.attrs.get("scaling") or {}).get("private"):
+        warn_private_scaling(remedy="ingest the rows again with --bounds LOW HIGH (data.bounds in a pipeline file), "
+                                    "the public range of the raw features", stacklevel=4)
+        return ResolvedBounds(np.zeros(p), np.ones(p), BOUNDS_PRIVATE_SCALING)
     return ResolvedBounds(*store_bounds(store), BOUNDS_PRIVATE)
 
 
@@ -148,13 +156,14 @@ def _read_pending(work_path: Location) -> dict | None:
 
 def _draw_noisy_rows(
     X: da.Array, release: Release, settings: TrainSettings, data: DataFingerprint, work_path: Location
-) -> da.Array:
+) -> tuple[da.Array, bool]:
     """The release's noisy rows, drawn and stored (in X's dtype) unless a complete copy of this
-    release is stored already; the pending marker names the release while it is drawn."""
+    release is stored already, and whether that stored copy was read (True) or the noise drawn;
+    the pending marker names the release while it is drawn."""
     path = work_path / NOISY
     if release.reused and is_complete(path) is not None:
         log.info("noise: reusing the stored noisy rows (release %s)", release.release_id)
-        return read_zarr(path)
+        return read_zarr(path), True
     binding = {**_noise_marker(release.mechanism, X, settings), "noise_id": release.release_id,
                "data": data.order, "data_rows": data.rows}
     (work_path / PENDING_FILE).write_json(binding)
@@ -165,7 +174,7 @@ def _draw_noisy_rows(
                                                                zarr_format=3, **ARRAY_CODECS)
     mark_complete(path, binding)
     (work_path / PENDING_FILE).remove()
-    return read_zarr(path)
+    return read_zarr(path), False
 
 
 def read_zarr(path: Location) -> da.Array:
@@ -190,7 +199,8 @@ def release_stage(
     model_path: Location, *, caller_partition: bool,
 ) -> tuple[da.Array, Release]:
     """The run's DP release (:func:`~kahm_dask.privacy.release.begin_release`: bounds, plan, the
-    data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn."""
+    data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn;
+    the release's ``reused`` says whether stored noisy rows were read."""
     params = settings.params
     bounds = release_bounds(settings, store)
     fr = store.attrs.get("feature_range")
@@ -212,4 +222,6 @@ def release_stage(
         details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
         stacklevel=4,
     )
-    return _draw_noisy_rows(X, release, settings, data, work_path), release
+    noisy, reused = _draw_noisy_rows(X, release, settings, data, work_path)
+    # a pending draw of an interrupted run continues its release but draws its noise again
+    return noisy, dataclasses.replace(release, reused=reused)

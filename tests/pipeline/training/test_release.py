@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -92,6 +93,25 @@ def test_incomplete_noisy_rows_are_rewritten_with_fresh_noise(tmp_path, blobs):
     assert new_id != old_id and summary["privacy"]["release_id"] == new_id
     assert not np.array_equal(_noisy(tmp_path / "run"), noisy)
     assert [e["release_id"] for e in _ledger(store)] == [old_id, new_id]
+
+
+def test_a_draw_interrupted_before_its_commit_is_drawn_again_and_not_called_reused(tmp_path, blobs, monkeypatch):
+    """A crash between storing the noise and marking it complete leaves the pending marker: the
+    rerun continues that release (charged once) but redraws its noise, so noise_reused is false."""
+    store, _ = blobs
+
+    def crash(*args, **kwargs):
+        raise OSError("worker lost")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(sys.modules["kahm_dask.pipeline.training.release"], "mark_complete", crash)
+        with pytest.raises(OSError, match="worker lost"):
+            _train(store, tmp_path / "run", _settings())
+    charged = [e["release_id"] for e in _ledger(store)]
+    summary = _train(store, tmp_path / "run", _settings())
+    assert summary["privacy"]["noise_reused"] is False
+    assert summary["privacy"]["release_id"] == _marker(tmp_path / "run")["noise_id"] == charged[0]
+    assert [e["release_id"] for e in _ledger(store)] == charged  # one release, charged once
 
 
 def test_two_runs_with_the_same_seed_draw_different_noise(tmp_path, blobs):
