@@ -116,6 +116,24 @@ def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeyp
     assert (f"The {finished} finished cluster(s) are kept" in result.output) == bool(finished)
 
 
+def test_cli_failure_after_the_release_says_it_stays_charged_and_how_to_continue_it(stores, monkeypatch):
+    """A worker lost while the noise is drawn: the release was charged, and the work store keeps its
+    marker (the id it was charged under), so the hint says a rerun continues it without a new charge."""
+    from distributed.scheduler import KilledWorker
+
+    def die(store, model, work, *a, **k):
+        work.path.mkdir(parents=True)
+        (work.path / "X_noisy.pending.json").write_text("{}")  # what _draw_noisy_rows writes before drawing
+        raise KilledWorker("noisy-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
+
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.train_pipeline", die)
+    result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3", "--epsilon", "2")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert ("The DP release stays charged in the privacy ledger; its work store keeps it: rerun the same command "
+            "to continue it without a second charge.") in result.output
+
+
 def _one_class(tmp: Path) -> Path:
     """A store whose 40 rows are all of class 3."""
     from kahm_dask.pipeline.stores.dataset import write_dataset
