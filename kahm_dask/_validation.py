@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,8 @@ __all__ = [
     "check_n_features",
     "check_label_types",
     "check_class_sizes",
+    "check_n_classes",
+    "site_fit",
     "check_n_components",
     "check_finite_rows",
 ]
@@ -162,11 +166,44 @@ def check_label_types(y: Any, name: str = "y") -> Any:
     return y
 
 
+#: True inside :func:`site_fit`: the rows being fitted are one site's of a federation.
+_SITE_FIT: ContextVar[bool] = ContextVar("kahm_dask_site_fit", default=False)
+
+
+@contextmanager
+def site_fit() -> Iterator[None]:
+    """Within it, training rows of a single class are accepted: a federated site may hold one
+    class (its model answers its distance to that class), and the federation checks that the
+    pooled rows hold two or more (:func:`check_n_classes`)."""
+    token = _SITE_FIT.set(True)
+    try:
+        yield
+    finally:
+        _SITE_FIT.reset(token)
+
+
+def check_n_classes(classes: Sequence[Any]) -> None:
+    """Raise ``ValueError`` when the training rows hold fewer than two classes (outside
+    :func:`site_fit`): a classifier of one class answers that label whatever the input, and a
+    DP fit would spend its ε on it. Called before anything is spent or written.
+
+    >>> check_n_classes([3])
+    Traceback (most recent call last):
+    ...
+    ValueError: the training rows hold one class (3); a classifier needs at least two.
+    """
+    if len(classes) < 2 and not _SITE_FIT.get():
+        held = f"one class ({', '.join(map(str, classes))})" if len(classes) else "no class"
+        raise ValueError(f"the training rows hold {held}; a classifier needs at least two.")
+
+
 def check_class_sizes(counts: Mapping[Any, int], min_rows: int = 2) -> None:
-    """Raise ``ValueError`` naming every class with fewer than ``min_rows`` rows.
+    """Raise ``ValueError`` for fewer than two classes (:func:`check_n_classes`) or naming every
+    class with fewer than ``min_rows`` rows.
 
     ``counts`` maps each class label to its number of rows (e.g. ``DatasetStore.class_counts``).
     """
+    check_n_classes(list(counts))
     small = [label for label, n in counts.items() if n < min_rows]
     if small:
         sizes = ", ".join(f"{label!r}: {counts[label]}" for label in small)

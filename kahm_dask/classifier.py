@@ -26,6 +26,7 @@ from kahm_dask._threads import in_threads
 from kahm_dask._validation import (
     as_data_matrix,
     check_label_types,
+    check_n_classes,
     check_n_components,
 )
 from kahm_dask.base import KAHMClassifierBase
@@ -271,7 +272,9 @@ class KAHMClassifier(KAHMClassifierBase):
         X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=2)
         check_n_components(self.n_components, X.shape[1], stacklevel=2)
         check_classification_targets(y)
-        self.classes_, y_idx = np.unique(y, return_inverse=True)
+        classes, y_idx = np.unique(y, return_inverse=True)
+        check_n_classes(classes.tolist())
+        self.classes_ = classes
         counts = np.bincount(y_idx, minlength=len(self.classes_))
         if counts.min() < 2:
             bad = self.classes_[counts < 2].tolist()

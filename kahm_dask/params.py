@@ -117,6 +117,11 @@ class Param:
 #: (:func:`kahm_dask.privacy.noise.smallest_epsilon`; a test checks the two agree).
 MIN_EPSILON = 2.8449465006019646e-13
 
+#: The largest ε a release states: ln of the largest float64, above which the bound e^ε on the
+#: change of any output's probability (the privacy statement's) is not a number (a test checks
+#: that ``math.exp`` overflows just above it). No ε near it protects anything: e^709 ≈ 10^308.
+MAX_EPSILON = 709.782712893384
+
 
 def _at_least(low: int) -> Range:
     return Range(Integral, low, None, closed="left")
@@ -226,7 +231,8 @@ PARAMS: dict[str, Param] = {
         default=None,
     ),
     "epsilon": Param(
-        (None, Range(Real, MIN_EPSILON, None, closed="left", text=f"> 0 (at least {MIN_EPSILON:.2g})")),
+        (None, Range(Real, MIN_EPSILON, MAX_EPSILON, closed="both",
+                     text=f"> 0 (at least {MIN_EPSILON:.2g}) and at most {MAX_EPSILON:.6g} (e^ε overflows above it)")),
         "ε of the element-level DP release; None: the non-private model (docs/algorithm.md#adjacency)",
         default=None,
     ),

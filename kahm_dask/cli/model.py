@@ -53,10 +53,11 @@ def train(store, model, work, storage_options, scheduler, cluster_config, n_work
     from kahm_dask.storage.private import private_directory
 
     t0 = time.perf_counter()
+    owned_parent, made_parent = None, False
     if work is None:
         work = _default_work(store, model)
         if as_location(work).is_local:
-            private_directory(Path(work).parent)  # the data's work stores: owner only
+            owned_parent = Path(work).parent  # the data's work stores: owner only, made after the checks
     staged = as_location(work, storage_options) / STAGED_MODEL
     try:
         with interruptible("training", resume_from=staged):
@@ -79,12 +80,17 @@ def train(store, model, work, storage_options, scheduler, cluster_config, n_work
             statement_at = model_at.with_name(model_at.name + ".PRIVACY.md")
             if params["epsilon"] is not None and statement_at.is_local and statement_at.path.is_dir():
                 raise FileExistsError(f"{statement_at} is a folder; the privacy statement cannot be written there.")
+            if owned_parent is not None:
+                made_parent = not owned_parent.exists()
+                private_directory(owned_parent)
             progress = ConsoleProgress()
             with session.connect(cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
                                        dashboard_address)) as client:
                 echo_dashboard(client)
                 summary = estimator.fit_store(ds, model_at, work_at, client=client, budget=budget, progress=progress)
     except user_errors() as exc:
+        if made_parent and not any(owned_parent.iterdir()):
+            owned_parent.rmdir()  # refused before the work store was made: leave nothing behind
         fail(exc, resume_from=staged)
     statement = summary.get("privacy_statement_markdown")
     if statement is not None:

@@ -77,7 +77,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def fail(exc: BaseException, *, resume_from=None) -> None:
     """Exit with ``exc`` as one line. ``resume_from``: the staged model store of a training run:
-    the resume hint is added only when it holds finished clusters (then it is true)."""
+    the resume hint is added only when it holds finished clusters, or when its work store keeps
+    a DP release that was charged (then it is true)."""
     from distributed.scheduler import KilledWorker
 
     from kahm_dask.pipeline.stores.dataset import StoreExistsError
@@ -94,7 +95,25 @@ def fail(exc: BaseException, *, resume_from=None) -> None:
     n = _finished_clusters(resume_from)
     if n:
         hint += f" The {n} finished cluster(s) are kept ({resume_from}): rerun the same command to resume."
+    elif _kept_release(resume_from):
+        hint += (" The DP release stays charged in the privacy ledger; its work store keeps it: rerun the same "
+                 "command to continue it without a second charge.")
     raise click.ClickException(f"{type(exc).__name__}: {exc}{hint}")
+
+
+def _kept_release(staged) -> bool:
+    """Whether the work store of the staged model store ``staged`` keeps a charged DP release
+    (the marker of its noise, pending or complete), which a rerun continues without a new charge."""
+    if staged is None:
+        return False
+    from kahm_dask.pipeline.training.work import NOISY, PENDING_FILE
+    from kahm_dask.storage.location import COMPLETE_FILE, as_location
+
+    try:
+        staged = as_location(staged)
+        return staged.with_name(PENDING_FILE).exists() or (staged.with_name(NOISY) / COMPLETE_FILE).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _finished_clusters(staged) -> int:

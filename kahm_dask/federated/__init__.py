@@ -15,7 +15,9 @@ site q's model is asked about site q's own training rows and the shared test row
 only per-site summaries (:class:`FederatedMembership`) are combined.
 
 For simulations, :func:`split_sites` cuts one labelled data set into sites (IID, one site per
-class, label skew, Dirichlet) and :func:`fit_sites` fits one classifier per site.
+class, label skew, Dirichlet) and :func:`fit_sites` fits one classifier per site. A site may
+hold one class: a classifier refuses training rows of one class unless fitted as a site's, by
+:func:`fit_sites` or inside ``with site_fit():``.
 :func:`site_seed` derives each site's ``random_state`` from one master seed: site q uses the
 64-bit integer drawn from ``child(SeedSequence(seed), 3, q)``. That seed drives only what is
 not private (the k-means steps); the DP noise of every site is drawn from the operating
@@ -25,6 +27,7 @@ sites (and no two fits) share noise. Tests that need reproducible noise set the 
 :func:`site_noise_seed` (stream 4), so even then no noise is reused across sites.
 """
 
+from kahm_dask._validation import site_fit
 from kahm_dask.federated.classifier import FederatedClassifier
 from kahm_dask.federated.membership import (
     FederatedMembership,
@@ -51,6 +54,7 @@ __all__ = [
     "site_seed",
     "site_noise_seed",
     "fit_sites",
+    "site_fit",
     "FederatedMembership",
     "site_membership_evaluation",
     "membership_fields",

@@ -12,6 +12,7 @@ from numpy.typing import ArrayLike
 from sklearn.base import clone
 
 from kahm_dask._random import RandomState, as_seed_sequence, child_seed_sequence
+from kahm_dask._validation import check_n_classes, site_fit
 from kahm_dask.federated.protocol import Site
 from kahm_dask.privacy.ledger import PrivacyLedger
 
@@ -78,6 +79,7 @@ def fit_sites(
     data set's, and the sites would share it).
     """
     X, y = np.asarray(X), np.asarray(y)
+    check_n_classes(np.unique(y).tolist())  # pooled; a site may hold one class
     if partitions is not None and len(partitions) != len(sites):
         raise ValueError(f"got {len(partitions)} partitions for {len(sites)} sites.")
     if ledgers is not None and len(ledgers) != len(sites):
@@ -98,5 +100,6 @@ def fit_sites(
             own["ledger"] = ledgers[q]
         model = clone(estimator).set_params(**own)
         part = None if partitions is None else partitions[q]
-        out.append(Site(model.fit(X[rows], y[rows], partition=part)))
+        with site_fit():
+            out.append(Site(model.fit(X[rows], y[rows], partition=part)))
     return out

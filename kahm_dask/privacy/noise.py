@@ -473,6 +473,18 @@ class GridLaplace:
         """``Δ · ln(1/r) ≤ ε``: the privacy loss of the noise actually drawn."""
         return self.sensitivity_steps * -math.log(self.ratio)
 
+    @property
+    def noise_sd(self) -> np.ndarray:
+        """(p,) standard deviation of each feature's noise in its units: ``γ_j·√((1 − δ)·2r)/(1 − r)``
+        (the discrete Laplace variance ``2r/(1 − r)²`` in grid steps, 0 with probability δ);
+        about ``√2·(1 + 1/k)·d_j/ε`` for small ε/Δ.
+
+        >>> mech = GridLaplace(epsilon=1e-3, lower=np.zeros(2), upper=np.ones(2))
+        >>> float(np.round(mech.noise_sd[0]))
+        1416.0
+        """
+        return self.step * math.sqrt((1.0 - self.delta) * 2.0 * self.ratio) / (1.0 - self.ratio)
+
     def grid_index(self, X: np.ndarray) -> np.ndarray:
         """``rint((clip(X) − lower) / γ)`` → int64, same shape as X (n, p)."""
         X = np.clip(np.asarray(X, dtype=np.float64), self.lower, self.upper)

@@ -20,6 +20,7 @@ from kahm_dask.federated import (
     combine,
     fit_sites,
     label_heterogeneity,
+    site_fit,
     site_label_counts,
     site_noise_seed,
     site_seed,
@@ -65,9 +66,10 @@ def test_sites_equal_to_centralised_branches_give_identical_predictions(digits):
     for c, wide in zip(central.classes_, central.models_, strict=True):
         for s, branch in enumerate(wide.branches_):
             rows = (y == c) & (labels == np.unique(labels[y == c])[s])
-            local = KAHMClassifier(N_COMP, N_LAYERS, block_size=40).fit(
-                X[rows], y[rows], partition=np.zeros(rows.sum(), dtype=np.int64)
-            )
+            with site_fit():  # one class: a site's model
+                local = KAHMClassifier(N_COMP, N_LAYERS, block_size=40).fit(
+                    X[rows], y[rows], partition=np.zeros(rows.sum(), dtype=np.int64)
+                )
             # the site's model is exactly that branch
             np.testing.assert_array_equal(
                 local.models_[0].branches_[0]._evaluate_rows(digits.X_test)[1],
@@ -371,3 +373,16 @@ def test_every_site_keeps_its_own_ledger(digits):
     fit_sites(estimator, digits.X_train, digits.y_train, sites, ledgers=ledgers)
     for ledger in ledgers:  # one release of ε = 2 per site (disjoint rows: parallel composition)
         assert ledger.spent()[0] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_one_class_is_refused_unless_it_is_a_sites():
+    """Issue 38: rows of one class trained (and spent ε) into a model of one answer. A site
+    may hold one class; the pooled rows of a federation may not."""
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(size=(60, 4)) + np.repeat([[0.0], [5.0]], 30, axis=0), np.repeat([4, 7], 30)  # apart
+    with pytest.raises(ValueError, match=r"^the training rows hold one class \(4\); a classifier needs at least two\."):
+        KAHMClassifier(3, 1).fit(X[:30], y[:30])
+    with pytest.raises(ValueError, match=r"one class \(4\)"):
+        fit_sites(KAHMClassifier(3, 1), X[:30], y[:30], [np.arange(15), np.arange(15, 30)])
+    sites = fit_sites(KAHMClassifier(3, 1, random_state=0), X, y, [np.arange(30), np.arange(30, 60)])
+    assert FederatedClassifier(sites).predict(X).tolist() == y.tolist()

@@ -45,7 +45,8 @@ def fitted() -> KAHMClassifier:
 
 # --------------------------------------------------------------------------- the estimator
 
-EPSILON_RULE = r"'epsilon' parameter of KAHMClassifier must be None or a finite float > 0 \(at least 2\.8e-13\)"
+EPSILON_RULE = (r"'epsilon' parameter of KAHMClassifier must be None or a float > 0 \(at least 2\.8e-13\) and at most "
+                r"709\.783 \(e\^ε overflows above it\)")
 ESTIMATOR = {
     "nan": Case(lambda f: _clf().fit(_with(np.nan), Y), ValueError, r"contains NaN", r"imput"),
     "inf": Case(lambda f: _clf().fit(_with(np.inf), Y), ValueError, r"infinity"),
@@ -72,6 +73,10 @@ ESTIMATOR = {
                         EPSILON_RULE + r"\. Got nan"),
     "epsilon inf": Case(lambda f: _clf(epsilon=np.inf).fit(X, Y), ValueError,
                         EPSILON_RULE + r"\. Got inf"),
+    "one class": Case(lambda f: _clf(epsilon=1.0).fit(X, np.full(len(Y), 3)), ValueError,
+                      r"the training rows hold one class \(3\); a classifier needs at least two"),
+    "epsilon 1e6": Case(lambda f: _clf(epsilon=1e6).fit(X, Y), ValueError,
+                        EPSILON_RULE + r"\. Got 1000000\.0"),
     "epsilon str": Case(lambda f: _clf(epsilon="2").fit(X, Y), TypeError,
                         EPSILON_RULE + r"\. Got '2'"),
     "delta = 1": Case(lambda f: _clf(epsilon=1.0, delta=1.0).fit(X, Y), ValueError,

@@ -33,6 +33,7 @@ from kahm_dask.privacy.membership import (
 )
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import InsecureSeededRandom, PrivacyLeakWarning, SecureRandom
+from kahm_dask.privacy.release import UtilityWarning
 from tests._kit import RowScanner, reachable_arrays
 
 EPS = 2.0
@@ -273,6 +274,18 @@ def test_privacy_statement_of_a_default_fit(digits):
 def _small_problem():
     rng = np.random.default_rng(0)
     return rng.uniform(size=(80, 4)), np.repeat([0, 1], 40)
+
+
+def test_an_epsilon_whose_noise_swamps_the_bounds_warns_and_a_usable_one_does_not():
+    # Issue 38: ε = 1e-9 trained without a word and scored chance. At the default d the noise
+    # s.d. is √2·(1025/1024)/ε ≈ 1.416/ε bound widths: 1.4e3 at ε = 1e-3, 1.4 at ε = 1.
+    X, y = _small_problem()
+    with pytest.warns(UtilityWarning, match=r"epsilon = 0\.001: the noise s\.d\. is 1\.4e\+03 x the bounds' width, so "
+                                            r"the DP rows carry no signal.* from epsilon = 0\.014 "):
+        KAHMClassifier(4, 1, epsilon=1e-3, bounds=(0, 1), random_state=0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UtilityWarning)
+        KAHMClassifier(4, 1, epsilon=1.0, bounds=(0, 1), random_state=0).fit(X, y)
 
 
 @pytest.mark.parametrize(

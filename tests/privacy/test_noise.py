@@ -792,6 +792,32 @@ def test_describe_and_defaults():
     assert mech.release(np.zeros((0, 3))).shape == (0, 3)
 
 
+def test_the_parameter_table_declares_the_largest_epsilon_a_statement_states():
+    # Issue 38: ε = 1e6 spent, then the statement's e^ε overflowed. The rule stops at ln(max float).
+    from kahm_dask.params import MAX_EPSILON, PARAMS
+    from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
+    from kahm_dask.privacy.statement import PrivacyStatement
+
+    assert math.isfinite(math.exp(MAX_EPSILON))
+    with pytest.raises(OverflowError):
+        math.exp(math.nextafter(MAX_EPSILON, math.inf))
+    assert PARAMS["epsilon"].range.is_satisfied_by(MAX_EPSILON)
+    assert not PARAMS["epsilon"].range.is_satisfied_by(math.nextafter(MAX_EPSILON, math.inf))
+    mech = GridLaplace(MAX_EPSILON, np.zeros(3), np.ones(3))
+    assert "ε = 709.783 per entry" in PrivacyStatement.from_settings(mech, BOUNDS_PUBLIC, dp_data="noisy").to_markdown()
+
+
+@pytest.mark.parametrize("eps,delta", [(2.0, 0.0), (0.05, 0.25), (600.0, 0.0)])
+def test_noise_sd_is_that_of_the_law(eps, delta):
+    # noise_sd from the closed form against the s.d. summed from the pmf (1 − δ)(1 − r)/(1 + r)·r^|z|
+    # over |z| < 60·s (the tail beyond is below r^(60 s) ≈ e^-60 of the mass): equal to 1e-9.
+    mech = GridLaplace(eps, np.zeros(2), np.array([1.0, 4.0]), delta=delta)
+    r = mech.ratio
+    z = np.arange(-int(60 / -math.log(r)) - 2, int(60 / -math.log(r)) + 3, dtype=np.float64)
+    pmf = (1 - delta) * (1 - r) / (1 + r) * r ** np.abs(z)
+    np.testing.assert_allclose(mech.noise_sd, mech.step * math.sqrt(np.sum(pmf * z**2)), rtol=1e-9)
+
+
 def test_the_parameter_table_declares_the_smallest_epsilon_the_mechanism_serves():
     from kahm_dask.params import MIN_EPSILON, PARAMS
     from kahm_dask.privacy.noise import DEFAULT_RESOLUTION, smallest_epsilon

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -16,7 +17,7 @@ from kahm_dask.cli import main
 from kahm_dask.pipeline.stores.dataset import open_dataset
 from kahm_dask.pipeline.training import TrainSettings, train_pipeline
 from kahm_dask.recipe import TrainParams
-from tests._kit import pipeline_file, write_small_stores
+from tests._kit import BAD_INPUT_X, BAD_INPUT_Y, pipeline_file, write_small_stores
 
 
 def _csv(tmp: Path, text: str) -> Path:
@@ -53,6 +54,7 @@ def _invoke(*args: str):
 CLI_TRAIN = {
     "epsilon = 0": (["--epsilon", "0"], r"'--epsilon': 0.0 is not in the range x>0"),
     "epsilon < 0": (["--epsilon", "-1"], r"'--epsilon': -1.0 is not in the range x>0"),
+    "epsilon 1e6": (["--epsilon", "1e6"], r"'--epsilon': .* at most 709\.783 .*Got 1000000"),
     "delta > 1": (["--epsilon", "1", "--delta", "1.5"], r"'--delta': 1.5 is not in the range 0<=x<1"),
     "delta < 0": (["--epsilon", "1", "--delta=-0.1"], r"'--delta': -0.1 is not in the range 0<=x<1"),
     "bounds upper <= lower": (["--epsilon", "1", "--bounds", "1", "0"], r"upper must exceed lower"),
@@ -112,6 +114,66 @@ def test_cli_killed_worker_is_a_clear_error_with_the_resume_hint(stores, monkeyp
     assert result.exit_code == 1 and "Traceback" not in result.output and "KilledWorker" in result.output
     assert ("rerun the same command to resume" in result.output) == bool(finished)
     assert (f"The {finished} finished cluster(s) are kept" in result.output) == bool(finished)
+
+
+def test_cli_failure_after_the_release_says_it_stays_charged_and_how_to_continue_it(stores, monkeypatch):
+    """A worker lost while the noise is drawn: the release was charged, and the work store keeps its
+    marker (the id it was charged under), so the hint says a rerun continues it without a new charge."""
+    from distributed.scheduler import KilledWorker
+
+    def die(store, model, work, *a, **k):
+        work.path.mkdir(parents=True)
+        (work.path / "X_noisy.pending.json").write_text("{}")  # what _draw_noisy_rows writes before drawing
+        raise KilledWorker("noisy-abc", SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
+
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
+    monkeypatch.setattr("kahm_dask.pipeline.estimator.estimator.train_pipeline", die)
+    result = _invoke("train", stores / "s.zarr", stores / "m.zarr", "--n-components", "3", "--epsilon", "2")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert ("The DP release stays charged in the privacy ledger; its work store keeps it: rerun the same command "
+            "to continue it without a second charge.") in result.output
+
+
+def _one_class(tmp: Path) -> Path:
+    """A store whose 40 rows are all of class 3."""
+    from kahm_dask.pipeline.stores.dataset import write_dataset
+
+    write_dataset(tmp / "one.zarr", BAD_INPUT_X, np.full(len(BAD_INPUT_Y), 3), chunk_rows=20)
+    return tmp / "one.zarr"
+
+
+def _damaged(tmp: Path) -> Path:
+    """``s.zarr`` with the file of its second chunk of X cut to half its bytes."""
+    chunk = tmp / "s.zarr" / "X" / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
+    return tmp / "s.zarr"
+
+
+BEFORE_THE_SPEND = {
+    "epsilon 1e6": (lambda t: t / "s.zarr", ["--epsilon", "1e6"],
+                    r"'--epsilon': must be None or a float > 0 .*at most 709\.783.*Got 1000000\.0"),
+    "one class": (_one_class, ["--epsilon", "2"],
+                  r"the training rows hold one class \(3\); a classifier needs at least two"),
+    "damaged chunk": (_damaged, ["--epsilon", "2"],
+                      r"chunk 1 of X \(rows 20 to 39\) of the dataset store .*s\.zarr cannot be read: Zstd "
+                      r"decompression error: invalid input data"),
+}
+
+
+@pytest.mark.parametrize("make_store,args,pattern", list(BEFORE_THE_SPEND.values()), ids=list(BEFORE_THE_SPEND))
+def test_cli_train_fails_before_the_spend(make_store, args, pattern, stores, ledger_dir, monkeypatch):
+    """Issue 38, items 2-4: a DP train that cannot succeed fails with one line before the ledger is
+    charged and before anything is written (no model, no statement, no work store)."""
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
+    store = make_store(stores)
+    before = sorted(p.name for p in stores.iterdir())
+    result = _invoke("train", store, stores / "m.zarr", "--n-components", "3", *args)
+    assert result.exit_code in (1, 2), result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(error) == 1 and re.search(pattern, error[0]), result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in stores.iterdir()) == before  # no model, PRIVACY.md or .kahm-work
+    assert not any(ledger_dir.iterdir())  # no ledger entry (not even a ledger)
 
 
 CLI_OTHER = {

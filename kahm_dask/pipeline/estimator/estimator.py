@@ -31,7 +31,7 @@ from sklearn.metrics import accuracy_score
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from kahm_dask._validation import check_label_types
+from kahm_dask._validation import check_label_types, check_n_classes
 from kahm_dask.base import KAHMClassifierBase
 from kahm_dask.classifier import KAHMClassifier
 from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, PARTITION_PARAMS, Range, parameter_constraints
@@ -389,6 +389,7 @@ persist_fraction : the partition's
         y = check_label_types(y)
         X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=2)
         check_classification_targets(y)
+        check_n_classes(np.unique(y).tolist())  # before the store is written (the pipeline checks it again)
         return X, y
 
     def _forget_feature_names(self) -> None:

@@ -69,6 +69,7 @@ import numpy as np
 import zarr
 from distributed import Client
 
+from kahm_dask._validation import check_n_classes
 from kahm_dask.federated import (
     FederatedDecision,
     SiteAnswer,
@@ -217,6 +218,7 @@ def _run_federated(
     with clock.stage("ingest"), progress.stage(f"ingest and split into {fed.sites} sites (private stores)"):
         with outside_the_sites(fed.pin_sites):
             train, test = prepare_stores(cfg, paths.root)
+        check_n_classes(train.classes)  # pooled, before any site spends; a site may hold one class
         labels = train.labels()
         sites = split_sites(labels, fed.sites, fed.split, classes_per_site=fed.classes_per_site,
                             alpha=fed.alpha, random_state=fed.split_seed)

@@ -19,6 +19,7 @@ import numpy as np
 import zarr
 from distributed import Client
 
+from kahm_dask._validation import site_fit
 from kahm_dask.federated import site_answer
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
@@ -105,7 +106,7 @@ def train_site(
         model, work = directory.model, directory.work
     else:
         model, work = Path(directory) / "model.zarr", Path(directory) / "work"
-    with pinned(q, pin):
+    with pinned(q, pin), site_fit():  # a site may hold one class
         return train_pipeline(store, model, work, settings, client, partition=partition,
                               progress=progress)
 

@@ -176,6 +176,31 @@ class DatasetStore:
                 pass  # another version of the construction: compute this one
         return array_fingerprint(self.X())
 
+    def verified_fingerprint(self) -> DataFingerprint:
+        """The data set's fingerprint from every row of X, read now (one pass, one task per
+        chunk on the current Dask scheduler), checked against the one recorded when the store
+        was written. A DP release calls it before it spends, so that rows it could not read
+        fail the run while nothing is charged.
+
+        Raises :class:`StoreError` naming the store, the array and the chunk whose bytes cannot
+        be read or decoded (a truncated or damaged file), or saying that the rows differ from
+        those written (a chunk replaced or changed in place).
+        """
+        n, step = self.n_samples, self.chunk_rows
+        tasks = [dask.delayed(_chunk_sums)(self, i, a, min(a + step, n)) for i, a in enumerate(range(0, n, step))]
+        found = combine(np.asarray(dask.compute(*tasks)), n, self.n_features)
+        recorded = self.attrs.get("fingerprint")
+        try:
+            recorded = None if recorded is None else DataFingerprint.from_dict(recorded)
+        except (ValueError, KeyError, TypeError):
+            recorded = None  # another version of the construction: nothing to compare with
+        if recorded is not None and recorded != found:
+            raise StoreError(
+                f"the rows of X in the dataset store {self.location} differ from those written to it (their "
+                "fingerprint changed): a chunk was replaced or changed. Write the store again from its source."
+            )
+        return found
+
     def read_slice(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of X as float64 array of shape (stop - start, p)."""
         if not 0 <= start <= stop <= self.n_samples:
@@ -194,6 +219,20 @@ class DatasetStore:
 
 def _block_sums(x: np.ndarray, block_info=None) -> np.ndarray:
     return partial_sums(x, block_info[0]["array-location"][0][0])[None, :]
+
+
+def _chunk_sums(store: DatasetStore, index: int, start: int, stop: int) -> np.ndarray:
+    """The fingerprint sums of chunk ``index`` (rows ``start:stop``) of ``store``'s X, read
+    directly; a chunk that cannot be read or decoded raises one :class:`StoreError` naming it."""
+    try:
+        x = store._array("X")[start:stop]
+    except Exception as exc:  # any codec or I/O error of this chunk: named, not a codec's traceback
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreError(
+            f"chunk {index} of X (rows {start} to {stop - 1}) of the dataset store {store.location} cannot be "
+            f"read: {reason}. The store is damaged; write it again from its source."
+        ) from None
+    return partial_sums(x, start)
 
 
 def array_fingerprint(X: da.Array) -> DataFingerprint:

@@ -209,7 +209,7 @@ def release_stage(
         # bounds the store does not record (it holds rows clipped to its own): count, owner-side
         share = float(dask.compute(clipped_share(X, bounds.lower, bounds.upper))[0])
         warn_if_clipped(share, bounds.lower, bounds.upper, stacklevel=4)
-    data = store.fingerprint()
+    data = store.fingerprint()  # verified by train_pipeline before the work store was made
     release = begin_release(
         params.epsilon, bounds.lower, bounds.upper, bounds.source, scaling=bounds.scaling,
         ledger=settings.ledger, data=data, budget=settings.budget,

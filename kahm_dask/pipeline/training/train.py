@@ -95,7 +95,9 @@ def train_pipeline(
     """Train every cluster model of ``store`` into ``model_path``; returns a summary dict.
 
     ``model_path`` and ``work_path`` are local paths or URLs, with fsspec ``storage_options``.
-    Both are checked before the release (:func:`check_training_targets`); the work store is
+    Both are checked before the release (:func:`check_training_targets`), and so are the classes
+    (two or more, outside a federated site's fit) and, for a DP run, every row of ``store``
+    (:meth:`~kahm_dask.pipeline.stores.dataset.DatasetStore.verified_fingerprint`); the work store is
     locked for the run (a second concurrent run on it is refused), created 0700, and holds the
     model while it is trained (``<work>/model.zarr``), which is moved to ``model_path`` only
     when every cluster is written: an interrupted run leaves no partial model there, and a rerun
@@ -110,6 +112,8 @@ def train_pipeline(
     check_n_components(settings.params.n_components, store.n_features, stacklevel=2)
     model_path, work_path = as_location(model_path, storage_options), as_location(work_path, storage_options)
     check_training_targets(model_path, work_path)
+    if settings.params.private:
+        store.verified_fingerprint()  # every row read now: a damaged chunk fails before the spend
     if work_path.is_local:
         private_directory(work_path.path)
     with exclusive(work_path.path if work_path.is_local else None, "the work store"):

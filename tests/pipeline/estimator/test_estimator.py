@@ -201,3 +201,17 @@ def test_dask_estimator_takes_ledger_and_budget():
     assert params["ledger"] == "auto" and params["budget"] is None
     with pytest.raises(ValueError, match="budget"):
         DaskKAHMClassifier(budget=(math.nan, 0))._check_params()
+
+
+def test_rows_of_one_class_are_refused_before_anything_is_written_or_spent(tmp_path):
+    """Issue 38, item 4: a one-class fit refused with one line, for arrays (before the data
+    store is written) and for a store (before the work store is made or the ledger charged)."""
+    X, y = np.random.default_rng(0).random((40, 5)), np.full(40, 3)
+    message = r"^the training rows hold one class \(3\); a classifier needs at least two\.$"
+    with pytest.raises(ValueError, match=message):
+        DaskKAHMClassifier(epsilon=2.0, bounds=(0, 1), store_dir=tmp_path / "a").fit(X, y)
+    assert not any((tmp_path / "a").rglob("*.json"))  # no data store, no work store
+    store = write_dataset(tmp_path / "one.zarr", X, y, chunk_rows=20)
+    with pytest.raises(ValueError, match=message):
+        DaskKAHMClassifier(epsilon=2.0, bounds=(0, 1), store_dir=tmp_path / "b").fit(str(store.path))
+    assert not (tmp_path / "b" / "work").exists() and ledger_of(X).entries == []

@@ -225,6 +225,23 @@ def test_stored_fingerprint_is_that_of_the_stored_rows(tmp_path: Path, kind: str
         assert ds.fingerprint() != fingerprint(X)
 
 
+def test_verified_fingerprint_reads_every_chunk_and_names_a_damaged_one(stored) -> None:
+    # What a DP release reads before it spends: the recorded fingerprint, found again from the
+    # rows; a chunk cut short, or rows changed since the write, fail with one StoreError.
+    ds, X, y = stored
+    assert ds.verified_fingerprint() == ds.fingerprint() == fingerprint(X)
+    chunk = ds.path / "X" / "c" / "2" / "0"
+    good = chunk.read_bytes()
+    chunk.write_bytes(good[: len(good) // 2])
+    with pytest.raises(StoreError, match=r"^chunk 2 of X \(rows 32 to 47\) of the dataset store .*d\.zarr cannot be "
+                                         r"read: [^\n]*; write it again from its source\.$"):
+        ds.verified_fingerprint()
+    chunk.write_bytes(good)
+    zarr.open_group(str(ds.path), mode="r+")["X"][0, 0] = X[0, 0] + 1.0  # decodes, but another value
+    with pytest.raises(StoreError, match=r"rows of X .* differ from those written to it"):
+        ds.verified_fingerprint()
+
+
 def test_dask_ingest_larger_than_a_chunk_never_computes_whole(tmp_path: Path,
                                                              monkeypatch) -> None:
     src = da.random.default_rng(0).random((200_000, 20), chunks=(7_000, 20))
