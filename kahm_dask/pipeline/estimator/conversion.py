@@ -78,7 +78,7 @@ def write_local(clf: KAHMClassifier, target: Location, estimator_params: dict) -
     when it is an int), the Dask estimator's ``estimator_params`` that these lack and the privacy
     statement in the manifest. The store has no DP rows (the
     classifier does not keep which branch each of its rows went to) and no release id."""
-    private = clf.epsilon is not None
+    private = clf.epsilon_ is not None
     parameters = stored_params(clf.get_params(deep=False))
     if not isinstance(clf.random_state, Integral) or isinstance(clf.random_state, bool):
         parameters["random_state"] = None
