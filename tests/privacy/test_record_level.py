@@ -13,8 +13,11 @@ from sklearn.utils._param_validation import InvalidParameterError
 from kahm_dask import KAHMClassifier
 from kahm_dask.datasets import load_bundled
 from kahm_dask.privacy.accounting import SOLVE_RTOL, record_epsilon
+from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
 from kahm_dask.privacy.ledger import PrivacyLedger
+from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
+from kahm_dask.privacy.statement import PrivacyStatement
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +104,10 @@ def test_group_privacy_of_a_release_with_delta():
         _fit(X, y, epsilon=0.5, delta=1e-9, d=0.5, ledger=ledger)
     eps, delta = ledger.spent()
     assert eps == 1.0 and delta == pytest.approx(1e-9 * (1 + np.exp(0.5)))  # (2ε, δ(1 + e^ε)) for k = 2
+
+
+def test_the_record_lines_do_not_overflow_at_a_huge_epsilon():
+    mechanism = GridLaplace(1e6, np.zeros(30), np.ones(30), d=1e-3)
+    statement = PrivacyStatement.from_settings(mechanism, BOUNDS_PUBLIC, dp_data="noisy")
+    assert statement.epsilon_per_unit == (1e9, 0.0)
+    assert statement.epsilon_per_record.pld == statement.epsilon_per_record.basic == 3e10
