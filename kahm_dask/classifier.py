@@ -191,6 +191,9 @@ class KAHMClassifier(KAHMClassifierBase):
     []
     >>> dp.ledger.spent()
     (2.0, 0.0)
+    >>> record = KAHMClassifier(record_epsilon=8.0, bounds=split.bounds, random_state=0, ledger=PrivacyLedger())
+    >>> round(record.fit(split.X_train, split.y_train).epsilon_, 3)   # ε per entry for 8 per record, p = 64
+    0.214
     """
 
     #: The rule of every parameter, from kahm_dask/params.py (``r_value`` is also checked

@@ -67,6 +67,7 @@ def test_the_dask_estimator_takes_a_record_epsilon(tmp_path, store):
     assert clf.epsilon_ == pytest.approx(ENTRY_EPSILON)
     assert clf.privacy_statement_.epsilon_per_record.pld == pytest.approx(4.0, rel=1e-5)
     assert ledger_of(store).spent()[0] == pytest.approx(ENTRY_EPSILON)
+    assert clf.to_local().epsilon_ == clf.epsilon_
 
 
 def test_a_pipeline_file_takes_a_record_epsilon():

@@ -54,6 +54,7 @@ def to_local(estimator: Any) -> KAHMClassifier:
     clf.models_ = models
     clf.n_branches_ = np.array([m.n_branches_ for m in models])
     clf.n_features_in_ = estimator.n_features_in_
+    clf.epsilon_ = estimator.epsilon_
     if hasattr(estimator, "feature_names_in_"):
         clf.feature_names_in_ = estimator.feature_names_in_
     if hasattr(estimator, "privacy_statement_"):
