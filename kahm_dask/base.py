@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from kahm_dask.params import check_estimator_params, check_r_value
+from kahm_dask.params import check_estimator_params, check_privacy_target, check_r_value
 from kahm_dask.privacy.ledger import check_budget
 
 __all__ = ["KAHMClassifierBase", "class_matching_scores", "class_proportions", "exponent_ratios"]
@@ -80,6 +80,7 @@ class KAHMClassifierBase(ClassifierMixin, BaseEstimator):
         """Raise scikit-learn's ``InvalidParameterError`` (a ValueError and a TypeError) naming
         the first parameter that breaks its rule; returns ``r_value`` as ``r_source`` takes it."""
         check_estimator_params(self)
+        check_privacy_target(self.epsilon, self.record_epsilon, type(self).__name__)
         check_budget(self.budget, "budget")
         return check_r_value(self.r_source, self.r_value, type(self).__name__)
 

@@ -34,6 +34,7 @@ from kahm_dask.deep import WideKAHM
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
 from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
+from kahm_dask.privacy.accounting import entry_epsilon
 from kahm_dask.privacy.bounds import clipped_share, resolve_bounds, warn_if_clipped
 from kahm_dask.privacy.fingerprint import fingerprint
 from kahm_dask.privacy.ledger import check_budget
@@ -74,7 +75,16 @@ class KAHMClassifier(KAHMClassifierBase):
     epsilon : float or None, default=None
         None: the non-private model. Otherwise ε > 0 of the element-level guarantee: the
         release is ε-DP (or (ε, δ)-DP) for a change of one entry of X by at most ``d``.
-        A whole record of p features is covered at (p·ε, p·δ). See docs/privacy.md.
+        A whole record of p features is covered at (p·ε, p·δ) by basic composition, and at the
+        far smaller PLD ε of the statement. See docs/privacy.md.
+    record_epsilon : float or None, default=None
+        In place of ``epsilon``: the ε of a whole record (p entries) at ``record_delta``. The ε
+        per entry (``epsilon_``) is solved from it and p at fit with the PLD accountant
+        (:func:`~kahm_dask.privacy.accounting.entry_epsilon`): ``record_epsilon=4`` on 30
+        features is ε ≈ 0.18 per entry. Set at most one of the two.
+    record_delta : float, default=1e-5
+        δ in (0, 1) of the record-level ε: the δ ``record_epsilon`` is met at and the privacy
+        statement's per-record ε is stated at.
     delta : float, default=0.0
         δ in [0, 1): the probability that an entry is released without noise (the paper's
         atom at 0). 0 gives pure ε-DP.
@@ -155,7 +165,9 @@ class KAHMClassifier(KAHMClassifierBase):
     models_ : list of C fitted :class:`~kahm_dask.WideKAHM`
     n_branches_ : (C,) branches per class
     dp_data_ : dict label → (N_c, p) DP rows each class model was built on (releasable);
-        only when ``epsilon`` is set
+        only when ``epsilon`` or ``record_epsilon`` is set
+    epsilon_ : float or None
+        The ε per entry of the release: ``epsilon``, or the one solved from ``record_epsilon``.
     fabrication_passes_ : dict label → list of M̃ per branch (fabricated only)
     privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only)
     n_features_in_ : int
@@ -180,6 +192,9 @@ class KAHMClassifier(KAHMClassifierBase):
     []
     >>> dp.ledger.spent()
     (2.0, 0.0)
+    >>> record = KAHMClassifier(record_epsilon=8.0, bounds=split.bounds, random_state=0, ledger=PrivacyLedger())
+    >>> round(record.fit(split.X_train, split.y_train).epsilon_, 3)   # ε per entry for 8 per record, p = 64
+    0.214
     """
 
     #: The rule of every parameter, from kahm_dask/params.py (``r_value`` is also checked
@@ -195,6 +210,8 @@ class KAHMClassifier(KAHMClassifierBase):
         random_state=None,
         *,
         epsilon: float | None = None,
+        record_epsilon: float | None = None,
+        record_delta: float = 1e-5,
         delta: float = 0.0,
         bounds=None,
         d=None,
@@ -220,6 +237,8 @@ class KAHMClassifier(KAHMClassifierBase):
         self.block_size = block_size
         self.random_state = random_state
         self.epsilon = epsilon
+        self.record_epsilon = record_epsilon
+        self.record_delta = record_delta
         self.delta = delta
         self.bounds = bounds
         self.d = d
@@ -283,7 +302,9 @@ class KAHMClassifier(KAHMClassifierBase):
             )
         labels = None if partition is None else check_partition(partition, X.shape[0], 1)[0]
         root = as_seed_sequence(self.random_state)
-        private = self.epsilon is not None
+        self.epsilon_ = entry_epsilon(self.epsilon, self.record_epsilon, X.shape[1], record_delta=self.record_delta,
+                                      delta=self.delta)
+        private = self.epsilon_ is not None
         X_noisy = self._release(X, caller_partition=labels is not None and not partition_public) if private else None
         recipe = self._recipe()
 
@@ -314,7 +335,7 @@ class KAHMClassifier(KAHMClassifierBase):
             self.n_components,
             self.n_layers,
             self.min_range,
-            self.epsilon,
+            self.epsilon_,
             self.dp_data,
             self.r_source,
             self.r_value,
@@ -366,7 +387,7 @@ class KAHMClassifier(KAHMClassifierBase):
         bounds = resolve_bounds(self.bounds, X, stacklevel=3)
         warn_if_clipped(clipped_share(X, bounds.lower, bounds.upper), bounds.lower, bounds.upper, stacklevel=3)
         release = begin_release(
-            self.epsilon,
+            self.epsilon_,
             bounds.lower,
             bounds.upper,
             bounds.source,
@@ -376,6 +397,7 @@ class KAHMClassifier(KAHMClassifierBase):
             budget=check_budget(self.budget),
             what=f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
             delta=self.delta,
+            record_delta=self.record_delta,
             d=self.d,
             dp_data=self.dp_data,
             r_source=self.r_source,

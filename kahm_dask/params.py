@@ -46,6 +46,7 @@ __all__ = [
     "check_params",
     "check_estimator_params",
     "check_r_value",
+    "check_privacy_target",
     "FABRICATION_PARAMS",
     "unused_fabrication_settings",
 ]
@@ -236,6 +237,18 @@ PARAMS: dict[str, Param] = {
         "ε of the element-level DP release; None: the non-private model (docs/algorithm.md#adjacency)",
         default=None,
     ),
+    "record_epsilon": Param(
+        (None, Range(Real, 0, None, closed="neither")),
+        "ε of a whole record (a row of p entries) at record_delta, in place of epsilon: the ε per entry "
+        "is solved from it and p at fit by the PLD accountant (docs/privacy.md#record-level)",
+        default=None,
+    ),
+    "record_delta": Param(
+        (Range(Real, 0, 1, closed="neither"),),
+        "δ of the record-level ε: the δ record_epsilon is met at and the privacy statement's per-record "
+        "ε is stated at (docs/privacy.md#record-level)",
+        default=1e-5,
+    ),
     "delta": Param(
         (Range(Real, 0, 1, closed="left"),),
         "δ: probability that an entry is released without noise; 0: pure ε-DP (docs/decisions.md#decision-delta-zero)",
@@ -321,7 +334,8 @@ class RValueRule:
 
 #: The parameters of :class:`~kahm_dask.KAHMClassifier`, in signature order.
 CLASSIFIER_PARAMS: tuple[str, ...] = (
-    "n_components", "n_layers", "block_size", "random_state", "epsilon", "delta", "bounds", "d", "dp_data",
+    "n_components", "n_layers", "block_size", "random_state", "epsilon", "record_epsilon", "record_delta", "delta",
+    "bounds", "d", "dp_data",
     "r_source", "r_value", "cluster_on", "max_passes", "s_rule", "min_range", "chunk_size", "n_init",
     "kmeans_dims", "n_probe", "eval_dtype", "n_jobs", "ledger", "budget", "insecure_noise_seed",
 )
@@ -399,6 +413,15 @@ def check_r_value(r_source: str, r_value: Any, caller: str) -> int | float | Non
     if r_value is None:
         return None
     return int(r_value) if rule.values.type is Integral else float(r_value)
+
+
+def check_privacy_target(epsilon: Any, record_epsilon: Any, caller: str) -> None:
+    """Exactly one of ``epsilon`` (per entry) and ``record_epsilon`` (per record) sets a DP fit's
+    ε (neither: the non-private model), or raise :class:`RuleError`."""
+    if epsilon is not None and record_epsilon is not None:
+        raise RuleError("record_epsilon", record_epsilon,
+                        f"set epsilon (per entry) or record_epsilon (per record), not both (epsilon = {epsilon!r})",
+                        caller)
 
 
 def check_estimator_params(estimator: Any) -> None:

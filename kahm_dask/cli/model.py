@@ -78,7 +78,8 @@ def train(store, model, work, storage_options, scheduler, cluster_config, n_work
             model_at, work_at = as_location(model, storage_options), as_location(work, storage_options)
             check_training_targets(model_at, work_at)
             statement_at = model_at.with_name(model_at.name + ".PRIVACY.md")
-            if params["epsilon"] is not None and statement_at.is_local and statement_at.path.is_dir():
+            private = params["epsilon"] is not None or params["record_epsilon"] is not None
+            if private and statement_at.is_local and statement_at.path.is_dir():
                 raise FileExistsError(f"{statement_at} is a folder; the privacy statement cannot be written there.")
             if owned_parent is not None:
                 made_parent = not owned_parent.exists()

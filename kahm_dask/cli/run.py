@@ -87,7 +87,7 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
             overrides["cluster.dashboard_address"] = None if dashboard_address == "none" else dashboard_address
         if overrides:
             cfg = cfg.with_overrides(**overrides)
-        staged = run_paths(cfg.output, cfg.privacy.epsilon is not None).staged_model
+        staged = run_paths(cfg.output, cfg.privacy.private).staged_model
         with interruptible(f"the run {cfg.name!r}", resume_from=None if federated else staged):
             click.echo(_run_banner(cfg, federated), err=True)
             with (connect_federated(cfg) if federated else session.connect(cfg.cluster)) as client:
@@ -103,7 +103,12 @@ def run(pipeline: Path, scheduler, cluster_config, output, budget, ledger_dir, d
 def _run_banner(cfg, federated: bool) -> str:
     """The first line of a run: what it is."""
     p = cfg.privacy
-    privacy = "non-private" if p.epsilon is None else f"DP, ε = {p.epsilon:g} per entry ({p.dp_data} rows)"
+    if not p.private:
+        privacy = "non-private"
+    elif p.epsilon is None:
+        privacy = f"DP, ε = {p.record_epsilon:g} per record at δ = {p.record_delta:g} ({p.dp_data} rows)"
+    else:
+        privacy = f"DP, ε = {p.epsilon:g} per entry ({p.dp_data} rows)"
     sites = f", {cfg.federation.sites} sites" if federated else ""
     return f"kahm-dask run {cfg.name!r}: {cfg.data.source}, {privacy}{sites} → {cfg.output}"
 

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from kahm_dask.params import PARAMS
+from kahm_dask.privacy.accounting import at_unit
 from kahm_dask.privacy.bounds import Scaling
 from kahm_dask.privacy.fingerprint import DataFingerprint
 from kahm_dask.privacy.ledger import PrivacyLedger
@@ -143,6 +144,7 @@ def begin_release(
     what: str,
     budget: tuple[float, float] | None = None,
     delta: float = PARAMS["delta"].default,
+    record_delta: float = PARAMS["record_delta"].default,
     d=PARAMS["d"].default,
     dp_data: str = PARAMS["dp_data"].default,
     r_source: str = PARAMS["r_source"].default,
@@ -158,6 +160,11 @@ def begin_release(
     data set's ledger (module docstring); returns the :class:`Release` whose noise the caller
     then draws.
 
+    One unit: the ledger is charged at the data set's unit of change, one entry moving anywhere
+    in its bounds. With d below the bound width that is k = ⌈width/d⌉ changes of d, charged by
+    group privacy (:func:`~kahm_dask.privacy.accounting.at_unit`: k·ε), with k recorded in the
+    entry as ``unit_factor`` (docs/privacy.md#one-unit).
+
     ``stored`` (the pipeline's): given the planned mechanism, the release id of stored noisy
     rows that a resumed run continues (spent once, so not charged again), or None for a new
     release; it raises when stored noise belongs to other rows. ``what`` and ``details`` go
@@ -165,7 +172,8 @@ def begin_release(
     :func:`~kahm_dask.privacy.statement.plan_release`.
     """
     mechanism, statement = plan_release(
-        epsilon, lower, upper, bounds_source, delta=delta, d=d, dp_data=dp_data, r_source=r_source,
+        epsilon, lower, upper, bounds_source, delta=delta, record_delta=record_delta, d=d, dp_data=dp_data,
+        r_source=r_source,
         cluster_on=cluster_on, caller_partition=caller_partition, insecure_noise=insecure_noise,
         scaling=scaling, stacklevel=stacklevel + 1,
     )
@@ -175,6 +183,7 @@ def begin_release(
     release_id = previous or uuid.uuid4().hex
     entry = None
     if book is not None:
-        entry = book.spend(mechanism.epsilon, mechanism.delta, release_id=release_id, what=what, unit="entry",
+        charged = at_unit(mechanism.epsilon, mechanism.delta, statement.unit_factor)
+        entry = book.spend(*charged, release_id=release_id, what=what, unit="entry", unit_factor=statement.unit_factor,
                            mechanism=mechanism.describe(), bounds_source=bounds_source, **(details or {}))
     return Release(mechanism, statement, release_id, book, entry, previous is not None)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from kahm_dask.privacy.accounting import RECORD_DELTA, RecordEpsilon, at_unit, record_epsilon, unit_factor
 from kahm_dask.privacy.bounds import BOUNDS_PRIVATE, BOUNDS_PRIVATE_SCALING, Scaling
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.randomness import PrivacyLeakWarning
@@ -80,7 +81,8 @@ def weakenings(
     if caller_partition:
         out.append(CALLER_PARTITION)
     if d_below_width:
-        out.append("d is smaller than the bound width: changes of an entry by more than d are not covered")
+        out.append("d is smaller than the bound width: ε per entry covers changes of at most d; a change "
+                   "anywhere in the bounds is covered (and charged) only at the larger ε of group privacy")
     if delta > 0:
         out.append(f"delta = {delta:g}: each entry is released without noise with probability delta")
     return out
@@ -98,7 +100,9 @@ class PrivacyStatement:
     """What a DP release guarantees, from the mechanism and the settings that made it.
 
     ``mechanism``: :meth:`GridLaplace.describe() <kahm_dask.privacy.noise.GridLaplace.describe>`
-    (bounds and d in feature units); ``n_features``: p, for the per-record ε; ``raw``: the bounds
+    (bounds and d in feature units); ``n_features``: p, for the per-record ε, stated at
+    ``record_delta``; ``unit_factor``: k = ⌈bound width / d⌉, the changes of d that make one entry's
+    change anywhere in its bounds (:func:`~kahm_dask.privacy.accounting.unit_factor`); ``raw``: the bounds
     and d in the owner's raw units and the scaling between them (:class:`~kahm_dask.privacy.bounds.Scaling`),
     when known.
     """
@@ -110,6 +114,8 @@ class PrivacyStatement:
     not_covered: list[str] = field(default_factory=lambda: list(NOT_COVERED))
     n_features: int | None = None
     raw: dict | None = None
+    record_delta: float = RECORD_DELTA
+    unit_factor: int = 1
 
     @classmethod
     def from_settings(
@@ -123,6 +129,7 @@ class PrivacyStatement:
         caller_partition: bool = False,
         insecure_noise: bool = False,
         scaling: Scaling | None = None,
+        record_delta: float = RECORD_DELTA,
     ) -> PrivacyStatement:
         items = weakenings(
             bounds_source=bounds_source,
@@ -136,7 +143,8 @@ class PrivacyStatement:
         raw = None
         if scaling is not None and scaling.kind != "none":
             raw = {**scaling.describe(), "d": _compact(scaling.raw_d(mechanism.d))}
-        return cls(mechanism.describe(), bounds_source, dp_data, items, n_features=mechanism.n_features, raw=raw)
+        return cls(mechanism.describe(), bounds_source, dp_data, items, n_features=mechanism.n_features, raw=raw,
+                   record_delta=record_delta, unit_factor=unit_factor(mechanism.lower, mechanism.upper, mechanism.d))
 
     @property
     def holds(self) -> bool:
@@ -144,9 +152,20 @@ class PrivacyStatement:
         return SEEDED_NOISE not in self.weakenings
 
     @property
-    def epsilon_per_record(self) -> float | None:
-        """p·ε: a whole record changes up to p entries (basic composition); None if p is unknown."""
-        return None if self.n_features is None else self.n_features * self.mechanism["epsilon"]
+    def epsilon_per_unit(self) -> tuple[float, float]:
+        """(ε, δ) of one entry changing anywhere in its bounds: the ledger's charge
+        (:func:`~kahm_dask.privacy.accounting.at_unit`; the mechanism's (ε, δ) when d is the width)."""
+        return at_unit(self.mechanism["epsilon"], self.mechanism["delta"], self.unit_factor)
+
+    @property
+    def epsilon_per_record(self) -> RecordEpsilon | None:
+        """The ε of a whole record (p entries, each anywhere in its bounds): PLD at
+        ``record_delta`` (plus the entries' δ, p·δ, when δ > 0) beside the basic p·ε; None if p
+        is unknown (:func:`~kahm_dask.privacy.accounting.record_epsilon`)."""
+        if self.n_features is None:
+            return None
+        eps, delta = self.epsilon_per_unit
+        return record_epsilon(eps, self.n_features, self.record_delta + self.n_features * delta, delta)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "holds": self.holds}
@@ -171,9 +190,20 @@ class PrivacyStatement:
             "|---|---|---|",
             f"| ε per entry | {eps:g} | the privacy loss for a change of one entry by at most d |",
         ]
-        if p is not None:
-            lines.append(f"| ε per record ({p} features) | {p * eps:g} | a whole row differs in up to {p} entries: "
-                         f"the losses add up (basic composition), so a record is covered at {p} × ε |")
+        k = self.unit_factor
+        if k > 1:
+            lines.append(f"| ε per entry at the data set's unit | {self.epsilon_per_unit[0]:.4g} | d is below the "
+                         f"bound width: a change of one entry anywhere in its bounds is {k} changes of d, covered at "
+                         f"{k} × ε (group privacy); the ledger is charged this |")
+        record = self.epsilon_per_record
+        if record is not None:
+            lines += [
+                f"| ε per record ({p} features, δ = {record.delta:.3g}) | {record.pld:.3g} | a whole row differs in "
+                f"up to {p} entries: the exact composition of their losses (privacy loss distribution), an upper "
+                "bound |",
+                f"| ε per record, basic bound | {record.basic:.4g} | {p} × ε{'' if k == 1 else f' × {k}'}: the plain "
+                "sum of the losses, a looser bound |",
+            ]
         lines += [
             f"| δ | {delta:g} | the probability that an entry is released without noise"
             + (" (0: pure ε-DP) |" if delta == 0 else " |"),
@@ -190,6 +220,10 @@ class PrivacyStatement:
             f"| ε actually used | {m['epsilon_used']:.6g} | the noise drawn is a little wider than ε requires "
             "(its ratio is rounded up), never narrower |",
             "",
+            *([] if record is None else [
+                f"**What ε per record means:** single values are protected at ε = {eps:g}; a whole record is "
+                f"protected at ε = {record.pld:.3g}, and above ε ≈ 10 a record is not meaningfully protected "
+                "(an observer's odds on anything about the row may grow by e^ε).", ""]),
             f"**Released (may be published):** the {self.dp_data} DP rows and the models fitted on them, "
             "nothing else computed from the private rows. Anything computed from the release is covered "
             "too (post-processing).",
@@ -244,6 +278,7 @@ def plan_release(
     insecure_noise: bool,
     caller_partition: bool = False,
     scaling: Scaling | None = None,
+    record_delta: float = RECORD_DELTA,
     stacklevel: int = 2,
 ) -> tuple[GridLaplace, PrivacyStatement]:
     """The mechanism of a release and its statement, with one warning per weakening setting
@@ -258,6 +293,7 @@ def plan_release(
         caller_partition=caller_partition,
         insecure_noise=insecure_noise,
         scaling=scaling,
+        record_delta=record_delta,
     )
     warn_weakenings(statement.weakenings, stacklevel=stacklevel + 1)
     return mechanism, statement

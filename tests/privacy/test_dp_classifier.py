@@ -267,7 +267,8 @@ def test_privacy_statement_of_a_default_fit(digits):
     assert (m["epsilon"], m["delta"], m["d"], m["lower"], m["upper"]) == (EPS, 0.0, 1.0, 0.0, 1.0)
     md = statement.to_markdown()
     assert "ε-DP with ε = 2 per entry" in md and "Settings that weaken it:** none" in md
-    assert "| ε per record (64 features) | 128 |" in md  # the per-record ε as a number
+    assert "| ε per record (64 features, δ = 1e-05) | 128 |" in md  # the per-record ε as a number (PLD)
+    assert "| ε per record, basic bound | 128 |" in md
     assert not hasattr(_fit(digits), "privacy_statement_")  # non-private: no statement
 
 

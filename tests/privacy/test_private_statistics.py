@@ -71,7 +71,7 @@ def test_public_bounds_give_a_statement_in_raw_units_too(digits):
     md = statement.to_markdown()
     assert "| d | 16 in raw units (1 after minmax scaling) |" in md
     assert "| bounds | [0, 16] in raw units ([0, 1] after minmax scaling) |" in md
-    assert "| ε per record (64 features) | 128 |" in md and statement.epsilon_per_record == 128
+    assert "| ε per record (64 features, δ = 1e-05) | 128 |" in md and statement.epsilon_per_record.basic == 128
 
 
 def test_a_callers_partition_is_assumed_private_unless_declared_public(digits):

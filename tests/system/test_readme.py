@@ -63,7 +63,7 @@ def test_the_command_line_steps_run_as_written_and_end_in_a_useful_model(tmp_pat
     assert metrics["accuracy"] > 0.85  # DP ε = 2 per entry on digits: about 0.94
     assert "spent ε = 2, δ = 0 in 1 release(s)" in proc.stdout
     statement = (tmp_path / "model.zarr.PRIVACY.md").read_text()
-    assert "[0, 16] in raw units" in statement and "| ε per record (64 features) | 128 |" in statement
+    assert "[0, 16] in raw units" in statement and "| ε per record (64 features, δ = 1e-05) | 128 |" in statement
     assert not (tmp_path / "model.work").exists() and (tmp_path / "data/train.kahm-work").is_dir()
 
 
@@ -78,6 +78,7 @@ def test_the_python_snippets_run_as_scripts(tmp_path, index):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "PrivacyLeakWarning" not in proc.stderr
     if index == 0:
-        assert "## Privacy statement" in proc.stdout and "| ε per record (64 features) | 128 |" in proc.stdout
+        assert "## Privacy statement" in proc.stdout
+        assert "| ε per record (64 features, δ = 1e-05) | 128 |" in proc.stdout
     else:
         assert float(proc.stdout.strip().splitlines()[-1]) > 0.85

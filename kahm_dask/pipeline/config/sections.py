@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from kahm_dask.params import PARAMS, RuleError, check_r_value
+from kahm_dask.params import PARAMS, RuleError, check_privacy_target, check_r_value
 from kahm_dask.pipeline.config.schema import (
     ADDRESS,
     DASHBOARD,
@@ -295,7 +295,9 @@ class PrivacyConfig(Section):
     """``privacy``: element-level DP noise and fabrication; ``epsilon: null`` = non-private.
 
     A missing ``privacy`` block or ``privacy: null`` gives these defaults (non-private).
-    ``delta`` 0 (the default) is pure ε-DP. ``d`` (the largest change of one entry that is
+    ``record_epsilon`` (at ``record_delta``, default 1e-5) in place of ``epsilon`` sets the ε of a
+    whole record; the ε per entry is solved from it and the data's number of features (at most
+    one of the two). ``delta`` 0 (the default) is pure ε-DP. ``d`` (the largest change of one entry that is
     covered) is in the raw units of ``data.bounds`` (e.g. 16 for digits counted 0–16) and
     defaults to their width; the run turns it into the units of the scaled features and the
     privacy statement prints both. ``r_value`` goes
@@ -311,6 +313,8 @@ class PrivacyConfig(Section):
 
     _key: ClassVar[str] = "privacy"
     epsilon: float | None = param("epsilon")
+    record_epsilon: float | None = param("record_epsilon")
+    record_delta: float = param("record_delta")
     delta: float = param("delta")
     d: float | None = param("d")
     dp_data: DpData = param("dp_data")
@@ -325,10 +329,16 @@ class PrivacyConfig(Section):
         if self.ledger_dir is not None:
             object.__setattr__(self, "ledger_dir", Path(self.ledger_dir).expanduser().absolute())
         try:
+            check_privacy_target(self.epsilon, self.record_epsilon, "the privacy section")
             r_value = check_r_value(self.r_source, self.r_value, "the privacy section")
         except RuleError as exc:
             raise invalid_value(f"privacy.{exc.name}", exc.reason, exc.value) from None
         object.__setattr__(self, "r_value", r_value)
+
+    @property
+    def private(self) -> bool:
+        """True for a DP run: ``epsilon`` (per entry) or ``record_epsilon`` (per record) set."""
+        return self.epsilon is not None or self.record_epsilon is not None
 
 
 def _check_budget(value: list, key: str) -> None:

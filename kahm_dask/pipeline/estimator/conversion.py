@@ -54,6 +54,7 @@ def to_local(estimator: Any) -> KAHMClassifier:
     clf.models_ = models
     clf.n_branches_ = np.array([m.n_branches_ for m in models])
     clf.n_features_in_ = estimator.n_features_in_
+    clf.epsilon_ = estimator.epsilon_
     if hasattr(estimator, "feature_names_in_"):
         clf.feature_names_in_ = estimator.feature_names_in_
     if hasattr(estimator, "privacy_statement_"):
@@ -78,7 +79,7 @@ def write_local(clf: KAHMClassifier, target: Location, estimator_params: dict) -
     when it is an int), the Dask estimator's ``estimator_params`` that these lack and the privacy
     statement in the manifest. The store has no DP rows (the
     classifier does not keep which branch each of its rows went to) and no release id."""
-    private = clf.epsilon is not None
+    private = clf.epsilon_ is not None
     parameters = stored_params(clf.get_params(deep=False))
     if not isinstance(clf.random_state, Integral) or isinstance(clf.random_state, bool):
         parameters["random_state"] = None

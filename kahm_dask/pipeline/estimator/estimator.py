@@ -93,9 +93,9 @@ class DaskKAHMClassifier(KAHMClassifierBase):
 
     Parameters
     ----------
-    n_components, n_layers, block_size, epsilon, delta, bounds, d, dp_data, r_source, r_value, \
-cluster_on, max_passes, s_rule, min_range, chunk_size, n_init, kmeans_dims, n_probe, eval_dtype, n_jobs, \
-ledger, budget, insecure_noise_seed : as in KAHMClassifier
+    n_components, n_layers, block_size, epsilon, record_epsilon, record_delta, delta, bounds, d, dp_data, \
+r_source, r_value, cluster_on, max_passes, s_rule, min_range, chunk_size, n_init, kmeans_dims, n_probe, eval_dtype, \
+n_jobs, ledger, budget, insecure_noise_seed : as in KAHMClassifier
         As in :class:`~kahm_dask.KAHMClassifier`: the same rules and defaults, from
         :data:`kahm_dask.params.PARAMS`. ``ledger="auto"`` records every DP fit in the training
         rows' own privacy ledger, the one ``KAHMClassifier`` and the ``kahm-dask`` commands use
@@ -138,6 +138,7 @@ persist_fraction : the partition's
     model_path_ : :class:`~pathlib.Path` of the model store, or its URL (str) for a remote one
     n_clusters_ : int, clusters (branches) of all classes together
     n_branches_ : (C,) branches per class
+    epsilon_ : float or None, the ε per entry of the release (solved from ``record_epsilon`` when set)
     privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only)
 
     Notes
@@ -196,6 +197,8 @@ persist_fraction : the partition's
         random_state: int | None = None,
         *,
         epsilon: float | None = None,
+        record_epsilon: float | None = None,
+        record_delta: float = 1e-5,
         delta: float = 0.0,
         bounds=None,
         d=None,
@@ -230,6 +233,8 @@ persist_fraction : the partition's
         self.block_size = block_size
         self.random_state = random_state
         self.epsilon = epsilon
+        self.record_epsilon = record_epsilon
+        self.record_delta = record_delta
         self.delta = delta
         self.bounds = bounds
         self.d = d
@@ -404,10 +409,12 @@ persist_fraction : the partition's
         self.model_path_ = as_location(model_path, self.storage_options).public()
         self.n_clusters_ = len(clusters)
         self.n_branches_ = np.bincount([e["class"] for e in clusters], minlength=len(self.classes_))
+        self.epsilon_ = None
         if manifest["privacy"] is not None:
             statement = dict(manifest["privacy"]["statement"])
             statement.pop("holds", None)  # derived from the weakenings
             self.privacy_statement_ = PrivacyStatement(**statement)
+            self.epsilon_ = self.privacy_statement_.mechanism["epsilon"]
         elif hasattr(self, "privacy_statement_"):
             del self.privacy_statement_
 

@@ -99,7 +99,7 @@ def estimator_from_config(
     private min/max, with a warning).
     """
     bounds = source = None
-    private = cfg.privacy.epsilon is not None
+    private = cfg.privacy.private
     n_features = None if train is None else train.n_features
     if private and train is not None:
         found = feature_bounds(cfg.data, n_features, train)
@@ -123,9 +123,10 @@ def settings_fields(cfg: PipelineConfig, client: Client | None) -> dict:
     """The report fields that describe the run's privacy and model settings (the seed seeds
     k-means only and is not secret; ``d`` null = the bound width)."""
     p = cfg.privacy
-    private = p.epsilon is not None
+    private = p.private
     return {
         "epsilon": p.epsilon,
+        "record_epsilon": p.record_epsilon,
         "delta": p.delta if private else None,
         "d": p.d,
         "dp_data": p.dp_data if private else None,
@@ -296,7 +297,7 @@ def run_pipeline(cfg: PipelineConfig, client: Client | None, *, progress: Progre
     :class:`~kahm_dask.pipeline.cluster.progress.Progress` naming every stage (True: the console).
     """
     progress = as_progress(progress)
-    paths = run_paths(cfg.output, cfg.privacy.epsilon is not None)
+    paths = run_paths(cfg.output, cfg.privacy.private)
     with exclusive(paths.root, "the run folder"):
         paths.make_dirs()
         try:

@@ -193,7 +193,7 @@ def run_federated_pipeline(
     The run folder is locked for the run; the coordinator's and every site's ``owner/`` folder
     and the answer stores are private by file mode (0700 / 0600).
     """
-    layout = FederationPaths(Path(cfg.output), cfg.privacy.epsilon is not None)
+    layout = FederationPaths(Path(cfg.output), cfg.privacy.private)
     with exclusive(layout.root, "the run folder"):
         try:
             return _run_federated(cfg, layout, client, as_progress(progress), site_partitions, insecure_noise_seed)

@@ -109,9 +109,9 @@ RESULTS = {
     "median_distance": "the pooled median distance mis_norm divides by",
 }
 #: Fields of report.json that are settings (printed apart from the results).
-SETTINGS = ("epsilon", "delta", "d", "d_raw", "bounds", "bounds_raw", "bounds_source", "dp_data", "r_source",
-            "cluster_on", "budget", "n_components", "n_layers", "seed", "n_sites", "split", "classes_per_site",
-            "alpha", "split_seed", "pin_sites")
+SETTINGS = ("epsilon", "record_epsilon", "delta", "d", "d_raw", "bounds", "bounds_raw", "bounds_source", "dp_data",
+            "r_source", "cluster_on", "budget", "n_components", "n_layers", "seed", "n_sites", "split",
+            "classes_per_site", "alpha", "split_seed", "pin_sites")
 #: Where the run wrote what (printed last).
 PATHS = ("public_dir", "owner_dir", "model_store", "dashboard")
 
@@ -257,7 +257,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / REPORT_JSON, metrics, indent=2, default=_jsonable)
     lines = [f"# kahm-dask run: {metrics.get('name', '')}", ""]
-    if public_dir is None and metrics.get("epsilon") is None:
+    if public_dir is None and metrics.get("epsilon") is None and metrics.get("record_epsilon") is None:
         lines += [
             "Non-private run: no DP guarantee. The model store is fitted on the private rows; "
             f"it and this report stay with the data owner ({out}).",

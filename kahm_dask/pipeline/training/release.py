@@ -215,7 +215,8 @@ def release_stage(
         ledger=settings.ledger, data=data, budget=settings.budget,
         what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
              f"which the {params.dp_data} DP rows of {model_path} are built",
-        delta=settings.delta, d=settings.d, dp_data=params.dp_data, r_source=params.r_source,
+        delta=settings.delta, record_delta=settings.record_delta, d=settings.d, dp_data=params.dp_data,
+        r_source=params.r_source,
         cluster_on=settings.cluster_on, caller_partition=caller_partition,
         insecure_noise=settings.insecure_noise_seed is not None,
         stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),

@@ -5,10 +5,11 @@ recipe :class:`~kahm_dask.recipe.TrainParams`; made from an estimator's paramete
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kahm_dask.params import PARAMS
+from kahm_dask.privacy.accounting import entry_epsilon
 from kahm_dask.recipe import TrainParams
 
 __all__ = ["TrainSettings"]
@@ -29,10 +30,14 @@ class TrainSettings:
     privacy ledger (:func:`~kahm_dask.privacy.release.resolve_ledger`: ``"auto"``, a ledger
     directory, a ``PrivacyLedger`` or None) and a cap on its budget.
     ``insecure_noise_seed``: tests only, fixes the noise and voids the guarantee.
+    ``record_epsilon`` (with ``record_delta``): the record-level target in place of the recipe's
+    ε, which :meth:`for_features` solves once the number of features is known.
     """
 
     params: TrainParams
     seed: int | None = PARAMS["random_state"].default
+    record_epsilon: float | None = PARAMS["record_epsilon"].default
+    record_delta: float = PARAMS["record_delta"].default
     delta: float = PARAMS["delta"].default
     d: float | None = PARAMS["d"].default
     bounds: tuple | None = field(default=None, compare=False)
@@ -79,13 +84,29 @@ class TrainSettings:
         for f in fields(self):
             if f.name not in self.RUN_ONLY and f.name not in ("ledger", "budget", "insecure_noise_seed"):
                 out[self.RENAMED.get(f.name, f.name)] = getattr(self, f.name)
+        if self.record_epsilon is not None:
+            out["epsilon"] = None  # as given: the ε solved per entry is in the privacy statement
         return out
+
+    @property
+    def private(self) -> bool:
+        """True for a DP run (``epsilon`` or ``record_epsilon`` set)."""
+        return self.params.private or self.record_epsilon is not None
+
+    def for_features(self, n_features: int) -> TrainSettings:
+        """These settings for data of ``n_features`` features: the recipe's ε per entry solved from
+        ``record_epsilon`` (:func:`~kahm_dask.privacy.accounting.entry_epsilon`, which refuses a
+        target too small to be useful); the settings themselves without a record-level target."""
+        if self.record_epsilon is None:
+            return self
+        eps = entry_epsilon(None, self.record_epsilon, n_features, record_delta=self.record_delta, delta=self.delta)
+        return replace(self, params=replace(self.params, epsilon=eps))
 
     @property
     def needs_private_rows(self) -> bool:
         """True when a stage after the noise reads the private rows (the k-means with
         ``cluster_on="original"``, the paper's private r, or a non-private run)."""
         p = self.params
-        if not p.private:
+        if not self.private:
             return True
         return self.cluster_on == "original" or (p.dp_data == "fabricated" and p.r_source == "private")

@@ -110,6 +110,7 @@ def train_pipeline(
     """
     check_class_sizes(store.class_counts)
     check_n_components(settings.params.n_components, store.n_features, stacklevel=2)
+    settings = settings.for_features(store.n_features)
     model_path, work_path = as_location(model_path, storage_options), as_location(work_path, storage_options)
     check_training_targets(model_path, work_path)
     if settings.params.private:
