@@ -17,7 +17,14 @@ import dask
 import dask.array as da
 import numpy as np
 
-from kahm_dask.pipeline.stores.dataset import DatasetStore, StoreError, is_complete, mark_complete, store_bounds
+from kahm_dask.pipeline.stores.dataset import (
+    DatasetStore,
+    StoreError,
+    is_complete,
+    mark_complete,
+    remember_release,
+    store_bounds,
+)
 from kahm_dask.pipeline.training.settings import TrainSettings
 from kahm_dask.pipeline.training.work import NOISY, PENDING_FILE
 from kahm_dask.privacy.bounds import (
@@ -202,14 +209,18 @@ def release_stage(
     data = store.fingerprint()
     release = begin_release(
         params.epsilon, bounds.lower, bounds.upper, bounds.source, scaling=bounds.scaling,
-        ledger=settings.ledger, data=data, budget=settings.budget,
+        ledger=settings.ledger, data=store.row_digests, budget=settings.budget,
         what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
              f"which the {params.dp_data} DP rows of {model_path} are built",
         delta=settings.delta, d=settings.d, dp_data=params.dp_data, r_source=params.r_source,
         cluster_on=settings.cluster_on, caller_partition=caller_partition,
         insecure_noise=settings.insecure_noise_seed is not None,
         stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),
+        remembered=store.releases,
         details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
         stacklevel=4,
     )
+    if release.ledger is not None and not release.reused:
+        with release.ledger.book.transaction():  # one writer of the store's attributes at a time
+            remember_release(store, {**release.entry, "ledger": str(release.ledger.file or "in memory")})
     return _draw_noisy_rows(X, release, settings, data, work_path), release

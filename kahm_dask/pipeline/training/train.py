@@ -150,7 +150,7 @@ def _train(
             "noise_reused": release.reused,
             "statement": statement.to_dict(),
             "ledger": None if ledger is None else ledger.summary(),
-            "ledger_path": None if ledger is None or ledger.path is None else str(ledger.path),
+            "ledger_path": None if ledger is None or ledger.file is None else str(ledger.file),
         }
     stages["noise"] = time.perf_counter() - t0
 
