@@ -357,7 +357,7 @@ class KAHMClassifier(KAHMClassifierBase):
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
 
     def _release(self, X: np.ndarray, *, caller_partition: bool) -> np.ndarray:
-        """The DP release of X (clip, exact discrete noise), paid for in the data set's ledger
+        """The DP release of X (clip, exact discrete noise), paid for by its rows in the ledger
         before the noise is drawn (:func:`~kahm_dask.privacy.release.begin_release`); sets
         ``privacy_statement_``."""
         bounds = resolve_bounds(self.bounds, X, stacklevel=3)

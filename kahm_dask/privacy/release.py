@@ -5,7 +5,7 @@
 drawn::
 
     bounds → plan (mechanism + statement, a warning per weakening)
-           → the data set's ledger → spend (check + record: one locked transaction)
+           → the ledger's view on the rows → spend (check + record: one locked transaction)
            → [the caller draws the noise with ``release.mechanism``]
 
 Spending *before* drawing is what makes concurrent releases safe: a release that the budget
@@ -52,7 +52,7 @@ from kahm_dask.privacy.statement import PrivacyStatement, plan_release
 
 __all__ = ["Release", "begin_release", "resolve_ledger", "check_remembered", "AUTO_LEDGER", "NO_LEDGER_WARNING"]
 
-#: The default ``ledger``: the data set's ledger in the default ledger directory.
+#: The default ``ledger``: the ledger in the default ledger directory.
 AUTO_LEDGER = "auto"
 NO_LEDGER_WARNING = (
     "ledger=None: this DP release is recorded in no privacy ledger, so the data set's budget "

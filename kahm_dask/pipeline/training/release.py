@@ -1,5 +1,5 @@
 """The DP stage of a training run: the bounds of the release, the one release sequence
-(:func:`~kahm_dask.privacy.release.begin_release`: plan, the data set's ledger, spent before any noise
+(:func:`~kahm_dask.privacy.release.begin_release`: plan, the ledger, spent on the rows before any noise
 is drawn), and the noisy rows, drawn blockwise and stored in the work store once per release.
 
 Stored noise is bound to the rows it was drawn for (their ``order`` fingerprint, in the marker of
@@ -197,7 +197,7 @@ def release_stage(
     model_path: Location, *, caller_partition: bool,
 ) -> tuple[da.Array, Release]:
     """The run's DP release (:func:`~kahm_dask.privacy.release.begin_release`: bounds, plan, the
-    data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn."""
+    ledger, spent on the rows before any noise is drawn) and its noisy rows, stored or drawn."""
     params = settings.params
     bounds = release_bounds(settings, store)
     fr = store.attrs.get("feature_range")

@@ -2,7 +2,7 @@
 
 Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
 
-1. The DP release (:mod:`~kahm_dask.pipeline.training.release`): bounds, the data set's ledger
+1. The DP release (:mod:`~kahm_dask.pipeline.training.release`): bounds, the rows' ledger
    (spent before any noise is drawn), the noisy rows drawn blockwise and stored once per release in
    the work store, bound to the rows they were drawn for.
 2. A class-grouped copy of X_noisy (and of X where a setting reads the private rows)
