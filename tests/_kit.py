@@ -234,7 +234,7 @@ def ledger_of(rows) -> PrivacyLedger:
     """The privacy ledger a test's DP releases of ``rows`` went to, viewed on those rows: the
     ledger in the test's own ledger directory (``$KAHM_DASK_LEDGER_DIR``, set per test by
     tests/conftest.py). ``rows``: a dataset store (anything with ``row_digests(key)``) or a matrix."""
-    return PrivacyLedger.for_data(rows.row_digests if hasattr(rows, "row_digests") else np.asarray(rows))
+    return PrivacyLedger.for_data(rows if hasattr(rows, "row_digests") else np.asarray(rows))
 
 
 def reachable_arrays(obj, seen: set[int] | None = None) -> Iterator[np.ndarray]:

@@ -21,7 +21,7 @@ def _ledger_of(store, ledger_dir):
     from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.privacy.ledger import PrivacyLedger
 
-    return PrivacyLedger.for_data(open_dataset(store).row_digests, ledger_dir)
+    return PrivacyLedger.for_data(open_dataset(store), ledger_dir)
 
 
 @ledger.command("show")

@@ -61,6 +61,7 @@ Rows are charged wherever they appear again:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -71,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from kahm_dask.privacy.fingerprint import fingerprint
 from kahm_dask.privacy.ledger_book import LEDGER_FILE, LOCK_TIMEOUT, LedgerBook, LedgerError, LedgerState
 from kahm_dask.privacy.ledger_composition import compose, exceeds
 from kahm_dask.privacy.ledger_rows import locate, merge, row_digests, unique_rows
@@ -138,7 +140,9 @@ def _fmt(eps: float, delta: float) -> str:
     return f"(ε = {eps:g}, δ = {delta:g})"
 
 
-RowsSpec = np.ndarray | Callable[[np.ndarray], np.ndarray]
+#: Rows to charge: a matrix (N, p), a function of the ledger key giving digests (N, 2), or a
+#: dataset store (with ``row_digests(key)`` and ``fingerprint()``).
+RowsSpec = Any
 
 
 class PrivacyLedger:
@@ -149,9 +153,12 @@ class PrivacyLedger:
     path : the ledger directory, or None (in memory). Prefer :meth:`for_data`.
     budget : (ε, δ) or None. Lowers the budget of the view's rows, or sets their first one;
         raising it is a :class:`BudgetChangeError` (see :meth:`set_budget`). None keeps it.
-    rows : the view's rows: a matrix (N, p) of private rows, or a function of the ledger's key
-        returning their digests (N, 2) (:func:`~kahm_dask.privacy.ledger_rows.row_digests`, e.g.
-        computed on Dask workers); None: the whole ledger (module docstring).
+    rows : the view's rows: a matrix (N, p) of private rows, a dataset store (its digests are
+        computed on the Dask workers), or a function of the ledger's key returning their digests
+        (N, 2) (:func:`~kahm_dask.privacy.ledger_rows.row_digests`); None: the whole ledger
+        (module docstring). The first time a matrix or a store is seen, the per-data-set ledger
+        an earlier kahm-dask kept for exactly these rows (``<dir>/<fingerprint>.json``) is
+        charged to them.
 
     Every query re-reads the ledger, so a view always shows what every process recorded.
     """
@@ -169,12 +176,18 @@ class PrivacyLedger:
         budget = check_budget(budget)
         with self.book.transaction() as state:
             self._digests = None if rows is None else self._resolve_rows(rows, state.key)
+            if rows is not None and self.book.path is not None and any(
+                    p.name != LEDGER_FILE for p in self.book.path.glob("*.json")):
+                self._fold_legacy(state, _data_rows(rows))
             if budget is not None:
                 self._set_budget(state, budget, allow_raise=False)
 
     @staticmethod
     def _resolve_rows(rows: RowsSpec, key: np.ndarray) -> np.ndarray:
-        digests = rows(key) if callable(rows) else row_digests(rows, key)
+        if hasattr(rows, "row_digests"):
+            digests = rows.row_digests(key)
+        else:
+            digests = rows(key) if callable(rows) else row_digests(rows, key)
         return unique_rows(digests)
 
     @classmethod
@@ -427,19 +440,50 @@ class PrivacyLedger:
     def _record_release(self, epsilon: float, delta: float, release_id: str, what: str, details: dict, *,
                         check: bool) -> dict:
         with self.book.transaction() as state:
-            releases = state.meta["releases"]
-            if release_id in releases:
-                return dict(releases[release_id], release_id=release_id)
-            found, position, hist = self._histories(state)
-            reason = self._refusal(state, hist, epsilon, delta) if check else None
-            if reason is not None:
-                _refuse(reason)
-            entry = {"epsilon": epsilon, "delta": delta, "what": what, "time": _now(),
-                     "pid": os.getpid(), "rows": len(self._charged), "order": len(releases), **details}
-            releases[release_id] = _jsonable(entry)
-            self._remap(state, hist, found, position,
-                        lambda record: {"releases": [*record["releases"], release_id], "budget": record["budget"]})
+            return self._charge(state, epsilon, delta, release_id, what, details, check=check)
+
+    def _charge(self, state: LedgerState, epsilon: float, delta: float, release_id: str, what: str, details: dict,
+                *, check: bool) -> dict:
+        """Record a release of the view's rows in the transaction's ``state`` (:meth:`spend`)."""
+        releases = state.meta["releases"]
+        if release_id in releases:
             return dict(releases[release_id], release_id=release_id)
+        found, position, hist = self._histories(state)
+        reason = self._refusal(state, hist, epsilon, delta) if check else None
+        if reason is not None:
+            _refuse(reason)
+        entry = {"epsilon": epsilon, "delta": delta, "what": what, "time": _now(),
+                 "pid": os.getpid(), "rows": len(self._charged), "order": len(releases), **details}
+        releases[release_id] = _jsonable(entry)
+        self._remap(state, hist, found, position,
+                    lambda record: {"releases": [*record["releases"], release_id], "budget": record["budget"]})
+        return dict(releases[release_id], release_id=release_id)
+
+    def _fold_legacy(self, state: LedgerState, data_rows: str | None) -> None:
+        """Charge the releases of an earlier kahm-dask's ledger of exactly these rows
+        (``<dir>/<fingerprint>.json``, one per data set) to the view's rows, once; its budget
+        becomes theirs. The old file is left as it was."""
+        if data_rows is None or data_rows in state.meta.setdefault("legacy", []):
+            return
+        old = self.book.path / f"{data_rows}.json"
+        if not old.is_file():
+            return
+        try:
+            legacy = json.loads(old.read_text(encoding="utf-8"))
+            entries, budget = legacy["entries"], legacy.get("budget")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"the earlier per-data-set ledger {old} of these rows is damaged ({exc}); restore "
+                              "it from a backup. No release was made.") from None
+        for e in entries:
+            details = {k: v for k, v in e.items() if k not in ("release_id", "epsilon", "delta", "what", "time")}
+            self._charge(state, float(e["epsilon"]), float(e["delta"]), str(e["release_id"]),
+                         f"{e.get('what')} (from {old.name}, {e.get('time')})", details, check=False)
+        if budget is not None:
+            found, position, hist = self._histories(state)
+            self._remap(state, hist, found, position, lambda record: {
+                "releases": list(record["releases"]),
+                "budget": [min(float(b), float(c)) for b, c in zip(record["budget"] or budget, budget, strict=True)]})
+        state.meta["legacy"].append(data_rows)
 
     def summary(self) -> dict:
         """Releases, spend and budget of the view's rows, for reports: ``{"releases",
@@ -472,14 +516,22 @@ def _check_lowered(stored: list[float], budget: tuple[float, float], whose: str)
         )
 
 
+def _data_rows(rows: RowsSpec) -> str | None:
+    """The multiset fingerprint of ``rows`` (a matrix or a dataset store), which named the ledger
+    file of an earlier kahm-dask; None for a digest function."""
+    if hasattr(rows, "fingerprint"):
+        return rows.fingerprint().rows
+    if callable(rows):
+        return None
+    return fingerprint(np.asarray(rows)).rows
+
+
 def _refuse(reason: str) -> None:
     warnings.warn(reason, BudgetRefusalWarning, stacklevel=3)
     raise BudgetExceededError(reason)
 
 
 def _jsonable(entry: dict) -> dict:
-    import json
-
     return json.loads(json.dumps(entry, default=str))
 
 

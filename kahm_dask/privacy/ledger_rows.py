@@ -106,7 +106,12 @@ def unique_rows(digests: np.ndarray) -> np.ndarray:
     digests = np.asarray(digests, dtype=np.uint64).reshape(-1, 2)
     if len(digests) == 0:
         return digests.copy()
-    d = digests[np.lexsort((digests[:, 1], digests[:, 0]))]
+    d = digests[np.argsort(digests[:, 0])]  # by hi; a run of equal hi (rare, or repeated rows) by lo next
+    same = d[1:, 0] == d[:-1, 0]
+    if same.any():  # the rows in runs of equal hi, sorted by (hi, lo) among themselves, in place
+        tied = np.flatnonzero(np.r_[same, False] | np.r_[False, same])
+        sub = d[tied]
+        d[tied] = sub[np.lexsort((sub[:, 1], sub[:, 0]))]
     keep = np.ones(len(d), dtype=bool)
     keep[1:] = (d[1:] != d[:-1]).any(axis=1)
     return np.ascontiguousarray(d[keep])

@@ -70,9 +70,10 @@ def resolve_ledger(
 ) -> PrivacyLedger | None:
     """The ledger view a ``ledger`` parameter names (module docstring) on the released rows,
     with the caller's ``budget`` applied to them (it may lower a stored budget, never raise it).
-    ``data``: the released rows (N, p), or a function of the ledger's key returning their digests
-    (N, 2) (:func:`~kahm_dask.privacy.ledger_rows.row_digests`; the pipeline's runs on the Dask
-    workers); None only for a ledger object used as it is (one unnamed data set)."""
+    ``data``: the released rows (N, p), their dataset store (digests computed on the Dask
+    workers), or a function of the ledger's key returning their digests (N, 2)
+    (:func:`~kahm_dask.privacy.ledger_rows.row_digests`); None only for a ledger object used as
+    it is (charged to its one unnamed row)."""
     if spec is None:
         warnings.warn(NO_LEDGER_WARNING, PrivacyLeakWarning, stacklevel=stacklevel + 1)
         if budget is not None:

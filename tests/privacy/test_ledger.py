@@ -275,3 +275,18 @@ def test_each_row_carries_its_own_history(ledger_dir):
     assert PrivacyLedger.for_data(X, ledger_dir).spent() == (6.0, 0.0)
     assert [e["release_id"] for e in PrivacyLedger.for_data(X[:10], ledger_dir).entries] == ["a"]
     assert PrivacyLedger(ledger_dir).n_rows == 100
+
+
+def test_an_earlier_per_data_set_ledger_is_charged_to_its_rows_once(ledger_dir):
+    """A ledger directory of an earlier kahm-dask (one <fingerprint>.json per data set) is not
+    a fresh start: its releases and budget pass to the rows the first time they are seen."""
+    X = np.random.default_rng(3).uniform(size=(50, 4))
+    old = {"format": "kahm-dask privacy ledger", "version": 2, "budget": [3.0, 0.0], "budget_changes": [],
+           "data": fingerprint(X).to_dict(),
+           "entries": [{"release_id": "old", "epsilon": 2.0, "delta": 0.0, "what": "rows", "time": "2026"}]}
+    (ledger_dir / f"{fingerprint(X).rows}.json").write_text(json.dumps(old))
+    book = PrivacyLedger.for_data(X[::-1])  # the same rows in another order
+    assert book.spent() == (2.0, 0.0) and book.budget == (3.0, 0.0)
+    with pytest.raises(BudgetExceededError, match="old"), pytest.warns(BudgetRefusalWarning):
+        PrivacyLedger.for_data(X[:10]).spend(2.0, 0.0, release_id="new", what="a subset")
+    assert PrivacyLedger.for_data(X).spent() == (2.0, 0.0)  # folded once

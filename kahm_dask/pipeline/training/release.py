@@ -209,7 +209,7 @@ def release_stage(
     data = store.fingerprint()
     release = begin_release(
         params.epsilon, bounds.lower, bounds.upper, bounds.source, scaling=bounds.scaling,
-        ledger=settings.ledger, data=store.row_digests, budget=settings.budget,
+        ledger=settings.ledger, data=store, budget=settings.budget,
         what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
              f"which the {params.dp_data} DP rows of {model_path} are built",
         delta=settings.delta, d=settings.d, dp_data=params.dp_data, r_source=params.r_source,
