@@ -122,3 +122,16 @@ def test_a_refusal_in_grid_search_is_loud_and_no_row_passes_its_budget(digits):
     with pytest.raises(BudgetExceededError), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         search.fit(X, y)
+
+
+def test_a_federated_fit_after_a_central_one_is_charged_to_the_same_rows(digits):
+    """The quickstart's central run and then a federated run over the same rows: each site's rows
+    were all released by the central fit."""
+    from kahm_dask.federated import fit_sites, split_sites
+
+    X, y = digits.X_train[:300], digits.y_train[:300]
+    KAHMClassifier(n_components=5, epsilon=2.0, bounds=(0, 1), budget=(2.0, 0.0), random_state=0).fit(X, y)
+    with pytest.raises(BudgetExceededError, match=r"(\d+) of its \1 row"), pytest.warns(BudgetRefusalWarning):
+        fit_sites(KAHMClassifier(n_components=5, epsilon=2.0, bounds=(0, 1), random_state=0), X, y,
+                  split_sites(y, 2, "iid", random_state=0))
+    assert ledger_of(X).spent() == (2.0, 0.0)
