@@ -36,7 +36,6 @@ from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
 from kahm_dask.privacy.accounting import entry_epsilon
 from kahm_dask.privacy.bounds import clipped_share, resolve_bounds, warn_if_clipped
-from kahm_dask.privacy.fingerprint import fingerprint
 from kahm_dask.privacy.ledger import check_budget
 from kahm_dask.privacy.randomness import as_noise_source
 from kahm_dask.privacy.release import begin_release
@@ -144,17 +143,18 @@ class KAHMClassifier(KAHMClassifierBase):
         thread each inside them (threadpoolctl, process-wide for the duration of the call);
         with one, the BLAS thread count is left as it is.
     ledger : "auto", str or path, :class:`~kahm_dask.PrivacyLedger` or None, default="auto"
-        Where the release of a DP fit is recorded and checked against the budget
-        (docs/privacy.md#ledger): "auto", the data set's own ledger (found by the fingerprint of
-        X) in the default ledger directory (``$KAHM_DASK_LEDGER_DIR``, else
-        ``~/.local/share/kahm-dask/ledgers``); a directory, the data set's ledger there; a
-        ``PrivacyLedger``, used as it is; None, no accounting (warns with
-        ``PrivacyLeakWarning``). Every entry point (this class, ``DaskKAHMClassifier``, the
-        ``kahm-dask`` commands) finds the same ledger for the same rows.
+        Where the release of a DP fit is recorded, charged to each row of X, and checked against
+        the rows' budget (docs/privacy.md#ledger): "auto", the ledger in the default ledger
+        directory (``$KAHM_DASK_LEDGER_DIR``, else ``~/.local/share/kahm-dask/ledgers``); a
+        directory, the ledger there; a ``PrivacyLedger``, the ledger it views; None, no
+        accounting (warns with ``PrivacyLeakWarning``). Every entry point (this class,
+        ``DaskKAHMClassifier``, the ``kahm-dask`` commands) recognises the same rows, in any
+        subset, split, fold or float32 copy.
     budget : (ε, δ) or None, default=None
-        A cap on the data set's total spending: it lowers the ledger's stored budget (or sets
-        the first one) and cannot raise it. A fit beyond it raises ``BudgetExceededError``
-        before any noise is drawn.
+        A cap on the spending of each row of X: it lowers the rows' stored budget (or sets the
+        first one) and cannot raise it. A fit that would take any row beyond it raises
+        ``BudgetExceededError`` (and warns with ``BudgetRefusalWarning``) before any noise is
+        drawn; in model selection pass ``error_score="raise"`` (docs/privacy.md#ledger).
     insecure_noise_seed : int or None, default=None
         Tests only: draws the noise from this seed, which voids the guarantee (anyone with
         the seed removes the noise); warns with ``PrivacyLeakWarning``.
@@ -381,7 +381,7 @@ class KAHMClassifier(KAHMClassifierBase):
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
 
     def _release(self, X: np.ndarray, *, caller_partition: bool) -> np.ndarray:
-        """The DP release of X (clip, exact discrete noise), paid for in the data set's ledger
+        """The DP release of X (clip, exact discrete noise), paid for by its rows in the ledger
         before the noise is drawn (:func:`~kahm_dask.privacy.release.begin_release`); sets
         ``privacy_statement_``."""
         bounds = resolve_bounds(self.bounds, X, stacklevel=3)
@@ -393,7 +393,7 @@ class KAHMClassifier(KAHMClassifierBase):
             bounds.source,
             scaling=bounds.scaling,
             ledger=self.ledger,
-            data=lambda: fingerprint(X),
+            data=X,
             budget=check_budget(self.budget),
             what=f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
             delta=self.delta,

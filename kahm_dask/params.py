@@ -303,8 +303,8 @@ PARAMS: dict[str, Param] = {
     ),
     "budget": Param(
         (None, "array-like"),
-        "(ε, δ) cap of the data set's ledger: lowers a stored budget, never raises it; None: the stored one "
-        "(docs/privacy.md#ledger)",
+        "(ε, δ) cap on each released row's spend in the ledger: lowers a stored budget, never raises it; "
+        "None: the stored one (docs/privacy.md#ledger)",
         default=None,
     ),
     "insecure_noise_seed": Param(

@@ -59,7 +59,6 @@ import yaml
 from scipy.spatial import cKDTree
 
 from kahm_dask.datasets import PUBLIC_BOUNDS, Split, load_bundled, split_and_scale
-from kahm_dask.privacy.fingerprint import fingerprint
 from kahm_dask.privacy.ledger import PrivacyLedger
 
 # --------------------------------------------------------------------------- paths
@@ -232,11 +231,10 @@ def run_pipeline_file(path: Path, client=None) -> dict:
 
 
 def ledger_of(rows) -> PrivacyLedger:
-    """The privacy ledger a test's DP releases of ``rows`` went to: the data set's ledger in the
-    test's own ledger directory (``$KAHM_DASK_LEDGER_DIR``, set per test by tests/conftest.py).
-    ``rows``: a dataset store (anything with ``fingerprint()``) or a matrix."""
-    fp = rows.fingerprint() if hasattr(rows, "fingerprint") else fingerprint(np.asarray(rows))
-    return PrivacyLedger.for_data(fp)
+    """The privacy ledger a test's DP releases of ``rows`` went to, viewed on those rows: the
+    ledger in the test's own ledger directory (``$KAHM_DASK_LEDGER_DIR``, set per test by
+    tests/conftest.py). ``rows``: a dataset store (anything with ``row_digests(key)``) or a matrix."""
+    return PrivacyLedger.for_data(rows if hasattr(rows, "row_digests") else np.asarray(rows))
 
 
 def reachable_arrays(obj, seen: set[int] | None = None) -> Iterator[np.ndarray]:

@@ -74,9 +74,9 @@ def fit_sites(
     (they replace every k-means step).
     ledgers : optional per-site ledgers (a :class:`~kahm_dask.privacy.ledger.PrivacyLedger`, a
     ledger directory or "auto"): each site accounts for its own rows. With the estimator's
-    ``ledger="auto"`` (the default) or a directory, every site finds its own data set's ledger
-    by its rows' fingerprint; a ``PrivacyLedger`` object on the estimator is refused (it is one
-    data set's, and the sites would share it).
+    ``ledger="auto"`` (the default) or a directory, every site's release is charged to its own
+    rows in the ledger; a ``PrivacyLedger`` object on the estimator is refused (the sites keep
+    their own ledgers).
     """
     X, y = np.asarray(X), np.asarray(y)
     check_n_classes(np.unique(y).tolist())  # pooled; a site may hold one class

@@ -85,9 +85,9 @@ def test_run_folder_is_split_at_the_release_boundary(quickstart_run):
     assert "public (stated by the data owner)" in statement and "Settings that weaken it:** none" in statement
     assert metrics["public_dir"] == str(public) and metrics["owner_dir"] == str(owner)
     assert metrics["accuracy"] > 0.85
-    # the release is in the data set's ledger, in the ledger directory (owner side, 0600)
+    # the release is in the ledger, in the ledger directory (owner side, 0600)
     ledger_file = Path(metrics["privacy"]["ledger_path"])
-    entries = {e["release_id"]: e for e in json.loads(ledger_file.read_text())["entries"]}
+    entries = json.loads(ledger_file.read_text())["releases"]
     entry = entries[metrics["privacy"]["release_id"]]  # (other tests of this session release digits too)
     assert entry["unit"] == "entry" and entry["mechanism"]["upper"] == 1.0
     assert ledger_file.stat().st_mode & 0o077 == 0 and not ledger_file.is_relative_to(public)

@@ -308,7 +308,7 @@ class PrivacyConfig(Section):
     too and warns. ``budget: [epsilon, delta]`` caps the training data's privacy ledger: it
     lowers a stored budget (never raises it) and a release beyond it is refused.
     ``ledger_dir``: the ledger directory (default: ``$KAHM_DASK_LEDGER_DIR``, else
-    ``~/.local/share/kahm-dask/ledgers``), where every entry point finds the data set's ledger.
+    ``~/.local/share/kahm-dask/ledgers``), where every entry point charges its releases to their rows.
     """
 
     _key: ClassVar[str] = "privacy"

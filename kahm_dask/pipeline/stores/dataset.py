@@ -15,7 +15,10 @@ aligned with ``classes``), ``source``, ``created`` (ISO 8601, UTC), ``fingerprin
 set's identity for its privacy ledger and stored noise, :mod:`kahm_dask.privacy.fingerprint`; a
 hash of the private rows, so private like the store) and, only when the caller passes a public
 range, ``feature_range`` ({"min": [...], "max": [...]}). The minimum and maximum of the private
-data are never computed or stored: they are private.
+data are never computed or stored: they are private. Once DP releases are drawn from it,
+``releases`` lists them (``release_id``, ``epsilon``, ``delta``, ``time``, ``what``, ``ledger``:
+the ledger file that recorded it; :func:`remember_release`), so a release from a store whose
+privacy ledger lacks them is refused (:func:`~kahm_dask.privacy.release.begin_release`).
 
 Stores are created in a temporary hidden sibling directory ``.<name>.tmp-<uuid>`` and
 renamed into place when complete (:func:`kahm_dask.storage.atomic.atomic_directory`), so an
@@ -51,6 +54,7 @@ from kahm_dask.pipeline.stores.rows import label_array, rows_per_chunk
 from kahm_dask.pipeline.stores.sources import Source, array_source, dask_source, resolve_source
 from kahm_dask.privacy.bounds import bounds_from_private_data
 from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
+from kahm_dask.privacy.ledger_rows import row_digests
 from kahm_dask.storage.codecs import ARRAY_CODECS
 from kahm_dask.storage.location import (
     COMPLETE_FILE,
@@ -71,6 +75,8 @@ __all__ = [
     "ingest",
     "open_dataset",
     "array_fingerprint",
+    "array_row_digests",
+    "remember_release",
     "store_bounds",
     "mark_complete",
     "is_complete",
@@ -201,6 +207,16 @@ class DatasetStore:
             )
         return found
 
+    @property
+    def releases(self) -> list[dict]:
+        """The DP releases drawn from this store, as it remembers them (module docstring)."""
+        return [dict(r) for r in self.attrs.get("releases", [])]
+
+    def row_digests(self, key: np.ndarray) -> np.ndarray:
+        """The keyed digests (N, 2) of the rows of X under the ledger key ``key``
+        (:func:`array_row_digests`; owner side)."""
+        return array_row_digests(self.X(), key)
+
     def read_slice(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of X as float64 array of shape (stop - start, p)."""
         if not 0 <= start <= stop <= self.n_samples:
@@ -244,6 +260,19 @@ def array_fingerprint(X: da.Array) -> DataFingerprint:
                          meta=np.empty((0, 0), np.uint64))
     return combine(np.asarray(dask.compute(parts)[0]), *X.shape)
 
+
+def _block_digests(x: np.ndarray, key: np.ndarray) -> np.ndarray:
+    return row_digests(x, key)
+
+
+def array_row_digests(X: da.Array, key: np.ndarray) -> np.ndarray:
+    """The keyed row digests (N, 2) uint64 of a dask array X (N, p) under the ledger key ``key``
+    (:func:`~kahm_dask.privacy.ledger_rows.row_digests`), computed where the blocks are: only the
+    digests travel to the caller (16 bytes a row; keyed, but kept owner side like the ledger)."""
+    X = X.rechunk({1: -1})
+    parts = X.map_blocks(_block_digests, np.asarray(key, dtype=np.uint64), chunks=(X.chunks[0], (2,)),
+                         dtype=np.uint64, meta=np.empty((0, 0), np.uint64))
+    return np.asarray(dask.compute(parts)[0])
 
 
 def write_dataset(
@@ -344,6 +373,23 @@ def open_dataset(path: LocationLike, *, storage_options: Mapping[str, Any] | Non
         raise StoreError(f"{path} has store format_version {version!r}; this version of "
                          f"kahm-dask reads format_version {FORMAT_VERSION}. Re-ingest it.")
     return _check_consistent(path, group, attrs)
+
+
+def remember_release(store: DatasetStore, entry: Mapping[str, Any] | None, *, forget: bool = False) -> DatasetStore:
+    """Add the ledger ``entry`` of a release drawn from ``store`` (with ``release_id`` and
+    ``ledger``) to the releases it remembers, or with ``forget`` (and ``entry`` None) clear them
+    (the owner starting over: ``kahm-dask ledger adopt --forget``); returns the store reopened.
+    Callers serialise it under the ledger's lock."""
+    group = zarr.open_group(store.location.zarr_store(), mode="r+", zarr_format=3)
+    attrs = dict(group.attrs.asdict()[ATTRS_KEY])
+    known = [] if forget else list(attrs.get("releases", []))
+    if entry is not None and all(r["release_id"] != entry["release_id"] for r in known):
+        known.append({k: entry.get(k) for k in ("release_id", "epsilon", "delta", "time", "what", "ledger")})
+    attrs["releases"] = known
+    group.attrs[ATTRS_KEY] = attrs
+    if store.location.is_local:
+        make_private(store.location.path / "zarr.json")
+    return open_dataset(store.location)
 
 
 def mark_complete(path: LocationLike, info: dict[str, Any]) -> None:

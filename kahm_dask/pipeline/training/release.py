@@ -1,5 +1,5 @@
 """The DP stage of a training run: the bounds of the release, the one release sequence
-(:func:`~kahm_dask.privacy.release.begin_release`: plan, the data set's ledger, spent before any noise
+(:func:`~kahm_dask.privacy.release.begin_release`: plan, the ledger, spent on the rows before any noise
 is drawn), and the noisy rows, drawn blockwise and stored in the work store once per release.
 
 Stored noise is bound to the rows it was drawn for (their ``order`` fingerprint, in the marker of
@@ -18,7 +18,14 @@ import dask
 import dask.array as da
 import numpy as np
 
-from kahm_dask.pipeline.stores.dataset import DatasetStore, StoreError, is_complete, mark_complete, store_bounds
+from kahm_dask.pipeline.stores.dataset import (
+    DatasetStore,
+    StoreError,
+    is_complete,
+    mark_complete,
+    remember_release,
+    store_bounds,
+)
 from kahm_dask.pipeline.training.settings import TrainSettings
 from kahm_dask.pipeline.training.work import NOISY, PENDING_FILE
 from kahm_dask.privacy.bounds import (
@@ -199,7 +206,7 @@ def release_stage(
     model_path: Location, *, caller_partition: bool,
 ) -> tuple[da.Array, Release]:
     """The run's DP release (:func:`~kahm_dask.privacy.release.begin_release`: bounds, plan, the
-    data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn;
+    ledger, spent on the rows before any noise is drawn) and its noisy rows, stored or drawn;
     the release's ``reused`` says whether stored noisy rows were read."""
     params = settings.params
     bounds = release_bounds(settings, store)
@@ -212,7 +219,7 @@ def release_stage(
     data = store.fingerprint()  # verified by train_pipeline before the work store was made
     release = begin_release(
         params.epsilon, bounds.lower, bounds.upper, bounds.source, scaling=bounds.scaling,
-        ledger=settings.ledger, data=data, budget=settings.budget,
+        ledger=settings.ledger, data=store, budget=settings.budget,
         what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
              f"which the {params.dp_data} DP rows of {model_path} are built",
         delta=settings.delta, record_delta=settings.record_delta, d=settings.d, dp_data=params.dp_data,
@@ -220,9 +227,13 @@ def release_stage(
         cluster_on=settings.cluster_on, caller_partition=caller_partition,
         insecure_noise=settings.insecure_noise_seed is not None,
         stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),
+        remembered=store.releases,
         details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
         stacklevel=4,
     )
+    if release.ledger is not None and not release.reused:
+        with release.ledger.book.transaction():  # one writer of the store's attributes at a time
+            remember_release(store, {**release.entry, "ledger": str(release.ledger.file or "in memory")})
     noisy, reused = _draw_noisy_rows(X, release, settings, data, work_path)
     # a pending draw of an interrupted run continues its release but draws its noise again
     return noisy, dataclasses.replace(release, reused=reused)

@@ -2,7 +2,7 @@
 
 Stages, all on Zarr-backed dask arrays (the data set is never loaded whole):
 
-1. The DP release (:mod:`~kahm_dask.pipeline.training.release`): bounds, the data set's ledger
+1. The DP release (:mod:`~kahm_dask.pipeline.training.release`): bounds, the rows' ledger
    (spent before any noise is drawn), the noisy rows drawn blockwise and stored once per release in
    the work store, bound to the rows they were drawn for.
 2. A class-grouped copy of X_noisy (and of X where a setting reads the private rows)
@@ -155,7 +155,7 @@ def _train(
             "noise_reused": release.reused,
             "statement": statement.to_dict(),
             "ledger": None if ledger is None else ledger.summary(),
-            "ledger_path": None if ledger is None or ledger.path is None else str(ledger.path),
+            "ledger_path": None if ledger is None or ledger.file is None else str(ledger.file),
         }
     stages["noise"] = time.perf_counter() - t0
 

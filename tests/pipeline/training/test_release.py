@@ -157,8 +157,11 @@ def test_the_budget_belongs_to_the_rows_not_to_the_folder_or_the_store(tmp_path,
     with pytest.raises(BudgetExceededError, match="1 release"):
         _train(copy, tmp_path / "b", _settings())
     assert not (tmp_path / "b" / "work" / NOISY).exists()
-    other = write_dataset(tmp_path / "other.zarr", X[:-1], y[:-1])  # other rows: another data set
-    _train(other, tmp_path / "c", _settings())
+    subset = write_dataset(tmp_path / "subset.zarr", X[:-1], y[:-1])  # a row removed: the same rows' budget
+    with pytest.raises(BudgetExceededError, match="299 of its 299 row"):
+        _train(subset, tmp_path / "c", _settings())
+    other = write_dataset(tmp_path / "other.zarr", X[:, ::-1], y)  # other rows (columns permuted)
+    _train(other, tmp_path / "d", _settings())
     assert len(_ledger(store)) == 1 and len(_ledger(other)) == 1
 
 
