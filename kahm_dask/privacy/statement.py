@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -100,7 +100,8 @@ class PrivacyStatement:
     ``mechanism``: :meth:`GridLaplace.describe() <kahm_dask.privacy.noise.GridLaplace.describe>`
     (bounds and d in feature units); ``n_features``: p, for the per-record ε; ``raw``: the bounds
     and d in the owner's raw units and the scaling between them (:class:`~kahm_dask.privacy.bounds.Scaling`),
-    when known.
+    when known. ``trained_on``: set on the statement of a model fitted on a published DP release
+    (:meth:`post_processing`): that release's id.
     """
 
     mechanism: dict
@@ -110,6 +111,7 @@ class PrivacyStatement:
     not_covered: list[str] = field(default_factory=lambda: list(NOT_COVERED))
     n_features: int | None = None
     raw: dict | None = None
+    trained_on: str | None = None
 
     @classmethod
     def from_settings(
@@ -138,6 +140,11 @@ class PrivacyStatement:
             raw = {**scaling.describe(), "d": _compact(scaling.raw_d(mechanism.d))}
         return cls(mechanism.describe(), bounds_source, dp_data, items, n_features=mechanism.n_features, raw=raw)
 
+    def post_processing(self, release_id: str) -> PrivacyStatement:
+        """This statement, for a model trained on the DP release ``release_id``: post-processing,
+        which spends nothing more and is covered by the release's guarantee."""
+        return replace(self, trained_on=release_id)
+
     @property
     def holds(self) -> bool:
         """False when the noise was seeded: then there is no guarantee at all."""
@@ -159,6 +166,10 @@ class PrivacyStatement:
         kind = "ε-DP" if delta == 0 else "(ε, δ)-DP"
         p = self.n_features
         lines = ["## Privacy statement", ""]
+        if self.trained_on is not None:
+            lines += [f"**Trained on a DP release: post-processing.** This model was fitted on the published "
+                      f"rows of release {self.trained_on}; it spent nothing more, and the release's guarantee "
+                      "below covers it.", ""]
         if not self.holds:
             lines += ["**No guarantee: the noise was drawn from a fixed seed (tests only).**", ""]
         lines += [

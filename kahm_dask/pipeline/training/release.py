@@ -41,7 +41,7 @@ from kahm_dask.storage.location import (
 
 log = logging.getLogger("kahm_dask")
 
-__all__ = ["StoredNoiseError", "release_bounds", "noisy_array", "release_stage", "read_zarr"]
+__all__ = ["StoredNoiseError", "release_bounds", "noisy_array", "release_stage", "begin_store_release", "read_zarr"]
 
 
 def release_bounds(settings: TrainSettings, store: DatasetStore) -> ResolvedBounds:
@@ -191,6 +191,27 @@ def release_stage(
 ) -> tuple[da.Array, Release]:
     """The run's DP release (:func:`~kahm_dask.privacy.release.begin_release`: bounds, plan, the
     data set's ledger, spent before any noise is drawn) and its noisy rows, stored or drawn."""
+    data = store.fingerprint()
+    release = begin_store_release(
+        store, X, settings, data,
+        what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
+             f"which the {settings.params.dp_data} DP rows of {model_path} are built",
+        caller_partition=caller_partition,
+        stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),
+        details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
+    )
+    return _draw_noisy_rows(X, release, settings, data, work_path), release
+
+
+def begin_store_release(
+    store: DatasetStore, X: da.Array, settings: TrainSettings, data: DataFingerprint, *, what: str,
+    details: dict, caller_partition: bool = False, stored=None, stacklevel: int = 5,
+) -> Release:
+    """The DP release of a store's rows X with ``settings``, planned and paid for
+    (:func:`~kahm_dask.privacy.release.begin_release`, the data set's ledger ``data``) before any
+    noise is drawn: the bounds (:func:`release_bounds`; public bounds the store does not record
+    count the clipped entries, owner-side), the plan, the ledger. ``what``, ``details``,
+    ``stored``: those of ``begin_release``. Training and ``kahm-dask release`` both call it."""
     params = settings.params
     bounds = release_bounds(settings, store)
     fr = store.attrs.get("feature_range")
@@ -198,18 +219,12 @@ def release_stage(
     if bounds.source == BOUNDS_PUBLIC and not recorded:
         # bounds the store does not record (it holds rows clipped to its own): count, owner-side
         share = float(dask.compute(clipped_share(X, bounds.lower, bounds.upper))[0])
-        warn_if_clipped(share, bounds.lower, bounds.upper, stacklevel=4)
-    data = store.fingerprint()
-    release = begin_release(
+        warn_if_clipped(share, bounds.lower, bounds.upper, stacklevel=stacklevel)
+    return begin_release(
         params.epsilon, bounds.lower, bounds.upper, bounds.source, scaling=bounds.scaling,
-        ledger=settings.ledger, data=data, budget=settings.budget,
-        what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
-             f"which the {params.dp_data} DP rows of {model_path} are built",
+        ledger=settings.ledger, data=data, budget=settings.budget, what=what,
         delta=settings.delta, d=settings.d, dp_data=params.dp_data, r_source=params.r_source,
         cluster_on=settings.cluster_on, caller_partition=caller_partition,
-        insecure_noise=settings.insecure_noise_seed is not None,
-        stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),
-        details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
-        stacklevel=4,
+        insecure_noise=settings.insecure_noise_seed is not None, stored=stored, details=details,
+        stacklevel=stacklevel,
     )
-    return _draw_noisy_rows(X, release, settings, data, work_path), release
