@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +117,19 @@ def _assert_refused(result, match: str, stores: Path, where: Path, keep: int = 0
     assert re.search(match, result.output), result.output
     assert len(list(where.iterdir())) == keep
     assert ledger_of(open_dataset(stores / "d.zarr")).entries == []
+
+
+def test_report_is_computed_on_the_owners_side_in_raw_units(stores, tmp_path, on_threads, monkeypatch):
+    calls = []
+    fake = types.ModuleType("kahm_dask.report")
+    fake.write_quality_report = lambda path, **kwargs: calls.append((path, kwargs))
+    monkeypatch.setitem(sys.modules, "kahm_dask.report", fake)
+    result = _release(stores, tmp_path / "o.parquet", "--epsilon", "2", "--report", str(tmp_path / "r.html"),
+                      "--test-store", str(stores / "t.zarr"))
+    assert result.exit_code == 0, result.output
+    ((path, kw),) = calls
+    assert path == tmp_path / "r.html" and kw["dp_X"].shape == kw["real_X"].shape == (1257, 64)
+    assert kw["test_X"].shape == (540, 64) and kw["real_X"].max() == kw["dp_X"].max() == 16.0  # all raw units
+    np.testing.assert_array_equal(kw["dp_y"], kw["real_y"])
+    assert kw["statement"].mechanism["epsilon"] == 2.0 and kw["feature_names"][:2] == ["x0", "x1"]
+    assert np.all(np.asarray(kw["bounds"][1]) == 16.0)
