@@ -10,6 +10,7 @@ from kahm_dask._version import __version__
 from kahm_dask.base import class_matching_scores
 from kahm_dask.classifier import KAHMClassifier
 from kahm_dask.deep import DeepKAHM, WideKAHM
+from kahm_dask.dp_dataset import DPDataset, release_dataset
 from kahm_dask.federated import FederatedClassifier, Site, SiteAnswer, combine, split_sites
 from kahm_dask.kahm import KAHM, DegenerateWeightsWarning
 from kahm_dask.privacy import PrivacyLeakWarning, PrivacyLedger
@@ -24,6 +25,8 @@ __all__ = [
     "write_dataset",
     "open_dataset",
     "class_matching_scores",
+    "DPDataset",
+    "release_dataset",
     "solve_lambda",
     "LambdaFixedPoint",
     "DegenerateWeightsWarning",

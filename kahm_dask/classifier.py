@@ -169,7 +169,9 @@ class KAHMClassifier(KAHMClassifierBase):
     epsilon_ : float or None
         The ε per entry of the release: ``epsilon``, or the one solved from ``record_epsilon``.
     fabrication_passes_ : dict label → list of M̃ per branch (fabricated only)
-    privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only)
+    privacy_statement_ : :class:`~kahm_dask.privacy.statement.PrivacyStatement` (DP only, or
+        the release's when fitted with ``released_from``)
+    release_id_ : str, the id of the release in the data set's ledger (DP only)
     n_features_in_ : int
 
     Notes
@@ -274,7 +276,7 @@ class KAHMClassifier(KAHMClassifierBase):
             eval_dtype=self.eval_dtype,
         )
 
-    def fit(self, X, y, *, partition=None, partition_public: bool = False) -> KAHMClassifier:
+    def fit(self, X, y, *, partition=None, partition_public: bool = False, released_from=None) -> KAHMClassifier:
         """Fit one wide deep KAHM per class.
 
         X : (N, p) training rows; y : (N,) labels of any type.
@@ -285,8 +287,17 @@ class KAHMClassifier(KAHMClassifierBase):
             (e.g. from public metadata). By default a DP fit treats a given partition as
             computed from them: it warns with ``PrivacyLeakWarning`` and the privacy statement
             names it.
+        released_from : the :class:`~kahm_dask.dp_dataset.DPDataset` whose published rows X and
+            labels y are (or a subset of them, e.g. a cross-validation split; the caller vouches).
+            Fitting on a DP release is post-processing: it needs ``epsilon=None`` (the rows are
+            DP already), spends nothing, and ``privacy_statement_`` is the release's, marked
+            "trained on a DP release" (:meth:`PrivacyStatement.post_processing
+            <kahm_dask.privacy.statement.PrivacyStatement.post_processing>`).
         """
         self._check_params()
+        if released_from is not None and self.epsilon is not None:
+            raise ValueError("released_from: the rows of a DP release are private already; fit them with "
+                             "epsilon=None (post-processing spends nothing), not with a second release.")
         y = check_label_types(y)
         X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=2)
         check_n_components(self.n_components, X.shape[1], stacklevel=2)
@@ -328,6 +339,8 @@ class KAHMClassifier(KAHMClassifierBase):
             self.dp_data_ = dp_rows
             if self.dp_data == "fabricated":
                 self.fabrication_passes_ = passes
+        elif released_from is not None:
+            self.privacy_statement_ = released_from.statement.post_processing(released_from.release_id)
         return self
 
     def _recipe(self) -> TrainParams:
@@ -361,10 +374,7 @@ class KAHMClassifier(KAHMClassifierBase):
         (:meth:`TrainParams.fit_cluster <kahm_dask.recipe.TrainParams.fit_cluster>`) per part
         (docs/algorithm.md#pipeline).
         """
-        rows = X_c if X_noisy_c is None else X_noisy_c  # in the data's dtype: the weights' precision
-        data = as_data_matrix(rows, "X")
-        on_private = X_noisy_c is not None and self.cluster_on == "original"
-        branch, ids = wide.branch_labels(as_data_matrix(X_c, "X") if on_private else data, part)
+        rows, branch, ids = self._branches(X_c, X_noisy_c, part, wide)
         fits = [
             recipe.fit_cluster(
                 rows[branch == s],
@@ -380,10 +390,22 @@ class KAHMClassifier(KAHMClassifierBase):
             dp[branch == s] = fit.dp_rows
         return model, dp, [fit.n_passes for fit in fits] if recipe.fabricates else None
 
-    def _release(self, X: np.ndarray, *, caller_partition: bool) -> np.ndarray:
+    def _branches(
+        self, X_c: np.ndarray, X_noisy_c: np.ndarray | None, part: np.ndarray | None, wide: WideKAHM
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One class's partition: the rows the recipe reads (X⁺_c when private, else X_c), their
+        (N_c,) branch labels (``part``, or the k-means of ``wide``: on X_c with
+        ``cluster_on="original"``) and the (S,) distinct labels."""
+        rows = X_c if X_noisy_c is None else X_noisy_c  # in the data's dtype: the weights' precision
+        data = as_data_matrix(rows, "X")
+        on_private = X_noisy_c is not None and self.cluster_on == "original"
+        branch, ids = wide.branch_labels(as_data_matrix(X_c, "X") if on_private else data, part)
+        return rows, branch, ids
+
+    def _release(self, X: np.ndarray, *, caller_partition: bool, what: str | None = None) -> np.ndarray:
         """The DP release of X (clip, exact discrete noise), paid for by its rows in the ledger
         before the noise is drawn (:func:`~kahm_dask.privacy.release.begin_release`); sets
-        ``privacy_statement_``."""
+        ``privacy_statement_`` and ``release_id_``. ``what``: the ledger entry's description."""
         bounds = resolve_bounds(self.bounds, X, stacklevel=3)
         warn_if_clipped(clipped_share(X, bounds.lower, bounds.upper), bounds.lower, bounds.upper, stacklevel=3)
         release = begin_release(
@@ -395,7 +417,7 @@ class KAHMClassifier(KAHMClassifierBase):
             ledger=self.ledger,
             data=X,
             budget=check_budget(self.budget),
-            what=f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
+            what=what or f"KAHMClassifier.fit: {self.dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix",
             delta=self.delta,
             record_delta=self.record_delta,
             d=self.d,
@@ -408,6 +430,7 @@ class KAHMClassifier(KAHMClassifierBase):
         )
         X_noisy = release.mechanism.release(X, as_noise_source(self.insecure_noise_seed), dtype=X.dtype)
         self.privacy_statement_ = release.statement
+        self.release_id_ = release.release_id
         return X_noisy
 
     # --------------------------------------------------------------- evaluation

@@ -1,4 +1,4 @@
-"""The ``kahm-dask`` command (face layer): ingest, train, predict, evaluate, run, ledger, audit.
+"""The ``kahm-dask`` command (face layer): ingest, train, predict, evaluate, run, ledger, audit, release.
 
 Built with click (a well-kept CLI library: typed options, help text, testable with
 ``click.testing.CliRunner``). One module per group of commands (:mod:`~kahm_dask.cli.data`,
@@ -18,6 +18,7 @@ from kahm_dask.cli.data import ingest
 from kahm_dask.cli.ledger import ledger
 from kahm_dask.cli.model import evaluate, predict, train
 from kahm_dask.cli.options import VERBOSE_HELP
+from kahm_dask.cli.release import release
 from kahm_dask.cli.run import run
 from kahm_dask.cli.session import configure_logging
 
@@ -32,5 +33,5 @@ def main(verbose: bool) -> None:
     configure_logging(verbose)
 
 
-for command in (ingest, train, predict, evaluate, run, ledger, audit):
+for command in (ingest, train, predict, evaluate, run, ledger, audit, release):
     main.add_command(command)

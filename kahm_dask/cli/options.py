@@ -14,8 +14,8 @@ from kahm_dask.params import PARAMS
 from kahm_dask.pipeline.config import DASHBOARD
 from kahm_dask.privacy.ledger import LEDGER_DIR_ENV as LEDGER_ENV
 
-__all__ = ["cluster_options", "tls_options", "tls_settings", "param_type", "parameter_options", "check_as_options",
-           "estimator_params", "StoreArgument", "storage_option", "SPECIAL_OPTIONS", "NOT_OPTIONS",
+__all__ = ["cluster_options", "tls_options", "tls_settings", "param_type", "options_of", "parameter_options",
+           "check_as_options", "estimator_params", "StoreArgument", "storage_option", "SPECIAL_OPTIONS", "NOT_OPTIONS",
            "TLS_WITH_CLUSTER_CONFIG", "VERBOSE_HELP", "LEDGER_DIR_HELP"]
 
 
@@ -128,21 +128,32 @@ SPECIAL_OPTIONS = {
 NOT_OPTIONS = ("n_jobs", "insecure_noise_seed")
 
 
+def options_of(*names: str):
+    """A decorator adding the options of the parameters ``names`` (in this order; those of
+    :data:`NOT_OPTIONS` skipped): ``--<name>`` from the parameter table (type, default,
+    meaning), or its :data:`SPECIAL_OPTIONS` form."""
+
+    def add(f):
+        for name in reversed(names):
+            if name in NOT_OPTIONS:
+                continue
+            if name in SPECIAL_OPTIONS:
+                f = SPECIAL_OPTIONS[name](f)
+                continue
+            param = PARAMS[name]
+            f = click.option(f"--{name.replace('_', '-')}", name, type=param_type(name), default=param.default,
+                             show_default=param.default is not None, help=param.meaning + ".")(f)
+        return f
+
+    return add
+
+
 def parameter_options(f):
     """Every model, privacy and partition parameter of the Dask estimator as an option of
     ``f`` (``--n-components`` …), from the parameter table (type, default, meaning)."""
     from kahm_dask.params import CLASSIFIER_PARAMS, PARTITION_PARAMS
 
-    for name in reversed((*CLASSIFIER_PARAMS, *PARTITION_PARAMS)):
-        if name in NOT_OPTIONS:
-            continue
-        if name in SPECIAL_OPTIONS:
-            f = SPECIAL_OPTIONS[name](f)
-            continue
-        param = PARAMS[name]
-        f = click.option(f"--{name.replace('_', '-')}", name, type=param_type(name), default=param.default,
-                         show_default=param.default is not None, help=param.meaning + ".")(f)
-    return f
+    return options_of(*CLASSIFIER_PARAMS, *PARTITION_PARAMS)(f)
 
 
 def check_as_options(estimator, budget) -> None:

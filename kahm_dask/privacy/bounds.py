@@ -62,7 +62,8 @@ class Scaling:
     * ``tanh255``: ``tanh(x / 255)`` (8-bit pixels, raw bounds [0, 255] by default);
     * ``none``: the raw values.
 
-    :meth:`scaled_d` turns an adjacency bound in raw units into one in feature units that covers
+    :meth:`invert` maps features back to raw values (within the raw bounds). :meth:`scaled_d`
+    turns an adjacency bound in raw units into one in feature units that covers
     it: minmax divides by the width; tanh is 1-Lipschitz, so a change of ``d`` raw units moves
     ``tanh(x/255)`` by at most ``d / 255``. :meth:`raw_d` is the inverse factor.
     """
@@ -89,6 +90,16 @@ class Scaling:
         if self.kind == "minmax":
             return (x - self.raw_lower) / (self.raw_upper - self.raw_lower)
         return np.tanh(x / 255.0) if self.kind == "tanh255" else x
+
+    def invert(self, features):
+        """The raw values of ``features`` (the inverse of :meth:`apply` on its range): each
+        feature is clipped to the image of the raw bounds first (so tanh255's inverse,
+        ``255·artanh``, stays finite), so the result lies within the raw bounds."""
+        low, high = self.apply(self.raw_lower), self.apply(self.raw_upper)
+        f = np.clip(np.asarray(features, dtype=np.float64), low, high)
+        if self.kind == "minmax":
+            return self.raw_lower + f * (self.raw_upper - self.raw_lower)
+        return 255.0 * np.arctanh(f) if self.kind == "tanh255" else f
 
     def scaled_d(self, d_raw):
         """The adjacency bound in feature units covering a change of ``d_raw`` raw units."""

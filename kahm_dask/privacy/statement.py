@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -104,7 +104,8 @@ class PrivacyStatement:
     ``record_delta``; ``unit_factor``: k = ⌈bound width / d⌉, the changes of d that make one entry's
     change anywhere in its bounds (:func:`~kahm_dask.privacy.accounting.unit_factor`); ``raw``: the bounds
     and d in the owner's raw units and the scaling between them (:class:`~kahm_dask.privacy.bounds.Scaling`),
-    when known.
+    when known. ``trained_on``: set on the statement of a model fitted on a published DP release
+    (:meth:`post_processing`): that release's id.
     """
 
     mechanism: dict
@@ -116,6 +117,7 @@ class PrivacyStatement:
     raw: dict | None = None
     record_delta: float = RECORD_DELTA
     unit_factor: int = 1
+    trained_on: str | None = None
 
     @classmethod
     def from_settings(
@@ -145,6 +147,11 @@ class PrivacyStatement:
             raw = {**scaling.describe(), "d": _compact(scaling.raw_d(mechanism.d))}
         return cls(mechanism.describe(), bounds_source, dp_data, items, n_features=mechanism.n_features, raw=raw,
                    record_delta=record_delta, unit_factor=unit_factor(mechanism.lower, mechanism.upper, mechanism.d))
+
+    def post_processing(self, release_id: str) -> PrivacyStatement:
+        """This statement, for a model trained on the DP release ``release_id``: post-processing,
+        which spends nothing more and is covered by the release's guarantee."""
+        return replace(self, trained_on=release_id)
 
     @property
     def holds(self) -> bool:
@@ -178,6 +185,10 @@ class PrivacyStatement:
         kind = "ε-DP" if delta == 0 else "(ε, δ)-DP"
         p = self.n_features
         lines = ["## Privacy statement", ""]
+        if self.trained_on is not None:
+            lines += [f"**Trained on a DP release: post-processing.** This model was fitted on the published "
+                      f"rows of release {self.trained_on}; it spent nothing more, and the release's guarantee "
+                      "below covers it.", ""]
         if not self.holds:
             lines += ["**No guarantee: the noise was drawn from a fixed seed (tests only).**", ""]
         lines += [

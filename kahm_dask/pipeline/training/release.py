@@ -51,7 +51,7 @@ from kahm_dask.storage.location import (
 
 log = logging.getLogger("kahm_dask")
 
-__all__ = ["StoredNoiseError", "release_bounds", "noisy_array", "release_stage", "read_zarr"]
+__all__ = ["StoredNoiseError", "release_bounds", "noisy_array", "release_stage", "begin_store_release", "read_zarr"]
 
 
 def release_bounds(settings: TrainSettings, store: DatasetStore) -> ResolvedBounds:
@@ -208,6 +208,30 @@ def release_stage(
     """The run's DP release (:func:`~kahm_dask.privacy.release.begin_release`: bounds, plan, the
     ledger, spent on the rows before any noise is drawn) and its noisy rows, stored or drawn;
     the release's ``reused`` says whether stored noisy rows were read."""
+    data = store.fingerprint()  # verified by train_pipeline before the work store was made
+    release = begin_store_release(
+        store, X, settings,
+        what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
+             f"which the {settings.params.dp_data} DP rows of {model_path} are built",
+        caller_partition=caller_partition,
+        stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),
+        details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
+    )
+    noisy, reused = _draw_noisy_rows(X, release, settings, data, work_path)
+    # a pending draw of an interrupted run continues its release but draws its noise again
+    return noisy, dataclasses.replace(release, reused=reused)
+
+
+def begin_store_release(
+    store: DatasetStore, X: da.Array, settings: TrainSettings, *, what: str,
+    details: dict, caller_partition: bool = False, stored=None, stacklevel: int = 5,
+) -> Release:
+    """The DP release of a store's rows X with ``settings``, planned and paid for
+    (:func:`~kahm_dask.privacy.release.begin_release`, charged to the store's rows) before any
+    noise is drawn: the bounds (:func:`release_bounds`; public bounds the store does not record
+    count the clipped entries, owner-side), the plan, the ledger; the store then remembers the
+    release. ``what``, ``details``, ``stored``: those of ``begin_release``. Training and
+    ``kahm-dask release`` both call it."""
     params = settings.params
     bounds = release_bounds(settings, store)
     fr = store.attrs.get("feature_range")
@@ -215,25 +239,16 @@ def release_stage(
     if bounds.source == BOUNDS_PUBLIC and not recorded:
         # bounds the store does not record (it holds rows clipped to its own): count, owner-side
         share = float(dask.compute(clipped_share(X, bounds.lower, bounds.upper))[0])
-        warn_if_clipped(share, bounds.lower, bounds.upper, stacklevel=4)
-    data = store.fingerprint()  # verified by train_pipeline before the work store was made
+        warn_if_clipped(share, bounds.lower, bounds.upper, stacklevel=stacklevel)
     release = begin_release(
         params.epsilon, bounds.lower, bounds.upper, bounds.source, scaling=bounds.scaling,
-        ledger=settings.ledger, data=store, budget=settings.budget,
-        what=f"noisy rows ({store.n_samples} x {store.n_features}, unit: one entry) of {store.location}, from "
-             f"which the {params.dp_data} DP rows of {model_path} are built",
+        ledger=settings.ledger, data=store, budget=settings.budget, what=what,
         delta=settings.delta, record_delta=settings.record_delta, d=settings.d, dp_data=params.dp_data,
-        r_source=params.r_source,
-        cluster_on=settings.cluster_on, caller_partition=caller_partition,
-        insecure_noise=settings.insecure_noise_seed is not None,
-        stored=lambda mechanism: _stored_release(mechanism, X, settings, data, work_path, trained),
-        remembered=store.releases,
-        details={"data_store": str(store.location), "model_store": str(model_path), "work_store": str(work_path)},
-        stacklevel=4,
+        r_source=params.r_source, cluster_on=settings.cluster_on, caller_partition=caller_partition,
+        insecure_noise=settings.insecure_noise_seed is not None, stored=stored,
+        remembered=store.releases, details=details, stacklevel=stacklevel,
     )
     if release.ledger is not None and not release.reused:
         with release.ledger.book.transaction():  # one writer of the store's attributes at a time
             remember_release(store, {**release.entry, "ledger": str(release.ledger.file or "in memory")})
-    noisy, reused = _draw_noisy_rows(X, release, settings, data, work_path)
-    # a pending draw of an interrupted run continues its release but draws its noise again
-    return noisy, dataclasses.replace(release, reused=reused)
+    return release

@@ -1,0 +1,135 @@
+"""``kahm-dask release``: a DP data set of a store's rows, in the owner's raw units, beside its
+statement, recorded in the store's ledger before any noise; bad input refused before that."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from kahm_dask.cli import main
+from kahm_dask.pipeline.stores.dataset import open_dataset
+from tests._kit import ledger_of
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> Path:
+    """digits in ``d.zarr`` (1,257 training rows) and ``t.zarr`` (540 test rows), scaled to [0, 1]
+    by their public bounds 0–16."""
+    where = tmp_path_factory.mktemp("digits")
+    result = CliRunner().invoke(main, ["ingest", "sklearn:digits", str(where / "d.zarr"), "--test-store",
+                                       str(where / "t.zarr"), "--bounds", "0", "16", "--scale", "minmax"])
+    assert result.exit_code == 0, result.output
+    return where
+
+
+@pytest.fixture
+def on_threads(monkeypatch):
+    """The commands compute on Dask's threaded scheduler instead of starting a LocalCluster."""
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
+
+
+def _release(stores: Path, out: Path, *args: str):
+    return CliRunner().invoke(main, ["release", str(stores / "d.zarr"), str(out), *args])
+
+
+def _read(out: Path) -> pd.DataFrame:
+    return pd.read_csv(out) if out.suffix == ".csv" else pd.read_parquet(out)
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("noisy.parquet", []),
+    ("fabricated.csv", ["--dp-data", "fabricated", "--format", "csv", "--seed", "0"]),
+])
+def test_release_of_digits_at_epsilon_2_is_a_table_pandas_reads(stores, tmp_path, on_threads, name, args):
+    out = tmp_path / name
+    result = _release(stores, out, "--epsilon", "2", *args)
+    assert result.exit_code == 0, result.output
+    frame = _read(out)
+    assert frame.shape == (1257, 65) and frame.columns[-1] == "label"
+    features = frame.drop(columns="label").to_numpy()
+    assert features.min() == 0.0 and features.max() == 16.0  # the owner's pixel counts, not [0, 1]
+    ds = open_dataset(stores / "d.zarr")
+    assert frame["label"].value_counts().sort_index().tolist() == [ds.class_counts[c] for c in ds.classes]
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    statement = (tmp_path / f"{name}.PRIVACY.md").read_text()
+    assert summary["release_id"] in statement and "ε = 2 per entry" in statement
+    assert "[0, 16] in raw units" in statement and f"{summary['dp_data']} DP rows" in statement
+    entries = [e for e in ledger_of(ds).entries if e["release_id"] == summary["release_id"]]
+    assert len(entries) == 1 and entries[0]["epsilon"] == 2.0 and entries[0]["release"] == str(out)
+
+
+def test_a_noisy_release_keeps_the_store_order_and_undoes_the_scaling(stores, tmp_path, on_threads):
+    out = tmp_path / "z.zarr"
+    assert _release(stores, out, "--epsilon", "2", "--format", "zarr").exit_code == 0
+    released, private = open_dataset(out), open_dataset(stores / "d.zarr")
+    np.testing.assert_array_equal(released.labels(), private.labels())
+    X = np.asarray(released.X())
+    assert X.shape == (1257, 64) and X.min() == 0.0 and X.max() == 16.0
+    assert released.attrs["feature_range"] == {"min": [0.0] * 64, "max": [16.0] * 64}
+    steps = X / (16 / 1024)  # the public grid (step d/1024, d = the width) in raw units
+    assert np.abs(steps - np.rint(steps)).max() < 1e-9
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--format", "xlsx"], r"Invalid value for '--format': 'xlsx' is not one of 'parquet', 'csv', 'zarr'"),
+    (["--report", "r.html"], r"--report needs --test-store"),
+    (["--report", "r.html", "--test-store", "{stores}/t.zarr"], r"--report: the quality report is not available"),
+    ([], r"Missing option '--epsilon'"),
+], ids=["format", "report without test store", "report module absent", "no epsilon"])
+def test_bad_options_are_one_line_before_the_release(stores, tmp_path, on_threads, args, match):
+    with contextlib.chdir(tmp_path):
+        args = [a.format(stores=stores) for a in args]
+        result = _release(stores, tmp_path / "o.parquet", *(["--epsilon", "2"] if args else []), *args)
+    _assert_refused(result, match, stores, tmp_path)
+
+
+def test_an_existing_output_is_refused_before_the_release(stores, tmp_path, on_threads):
+    (tmp_path / "o.parquet").write_text("mine")
+    result = _release(stores, tmp_path / "o.parquet", "--epsilon", "2")
+    _assert_refused(result, r"o.parquet exists; a release is never overwritten", stores, tmp_path, keep=1)
+    assert (tmp_path / "o.parquet").read_text() == "mine"
+    (tmp_path / "p.csv.PRIVACY.md").write_text("an earlier statement")
+    result = _release(stores, tmp_path / "p.csv", "--epsilon", "2", "--format", "csv")
+    _assert_refused(result, r"p.csv.PRIVACY.md exists", stores, tmp_path, keep=2)
+
+
+def test_an_unknown_store_is_refused(stores, tmp_path, on_threads):
+    result = CliRunner().invoke(main, ["release", str(tmp_path / "no.zarr"), str(tmp_path / "o"), "--epsilon", "2"])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    (tmp_path / "folder").mkdir()
+    result = CliRunner().invoke(main, ["release", str(tmp_path / "folder"), str(tmp_path / "o"), "--epsilon", "2"])
+    assert result.exit_code == 1 and "Traceback" not in result.output and len(result.output.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+def _assert_refused(result, match: str, stores: Path, where: Path, keep: int = 0) -> None:
+    """One line naming the problem, nothing written, nothing spent."""
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output
+    assert re.search(match, result.output), result.output
+    assert len(list(where.iterdir())) == keep
+    assert ledger_of(open_dataset(stores / "d.zarr")).entries == []
+
+
+def test_report_is_computed_on_the_owners_side_in_raw_units(stores, tmp_path, on_threads, monkeypatch):
+    calls = []
+    fake = types.ModuleType("kahm_dask.report")
+    fake.write_quality_report = lambda path, **kwargs: calls.append((path, kwargs))
+    monkeypatch.setitem(sys.modules, "kahm_dask.report", fake)
+    result = _release(stores, tmp_path / "o.parquet", "--epsilon", "2", "--report", str(tmp_path / "r.html"),
+                      "--test-store", str(stores / "t.zarr"))
+    assert result.exit_code == 0, result.output
+    ((path, kw),) = calls
+    assert path == tmp_path / "r.html" and kw["dp_X"].shape == kw["real_X"].shape == (1257, 64)
+    assert kw["test_X"].shape == (540, 64) and kw["real_X"].max() == kw["dp_X"].max() == 16.0  # all raw units
+    np.testing.assert_array_equal(kw["dp_y"], kw["real_y"])
+    assert kw["statement"].mechanism["epsilon"] == 2.0 and kw["feature_names"][:2] == ["x0", "x1"]
+    assert np.all(np.asarray(kw["bounds"][1]) == 16.0)
