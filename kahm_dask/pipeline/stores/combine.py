@@ -107,7 +107,9 @@ def check_combinable(manifests: Sequence[Mapping[str, Any]], names: Sequence[str
 def _bounds(unit: dict) -> str:
     raw = unit["raw"]
     scaled = f"[{unit['lower']}, {unit['upper']}]"
-    return scaled if not raw else f"{scaled} from raw [{raw.get('raw_lower')}, {raw.get('raw_upper')}] ({raw.get('kind')})"
+    if not raw:
+        return scaled
+    return f"{scaled} from raw [{raw.get('raw_lower')}, {raw.get('raw_upper')}] ({raw.get('kind')})"
 
 
 def combine_models(
