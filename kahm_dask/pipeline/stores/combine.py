@@ -55,14 +55,16 @@ class IncompatibleSitesError(ValueError):
 
 def site_unit(manifest: Mapping[str, Any]) -> dict | None:
     """The unit of privacy of a site's model: None (not private), else the public bounds, the
-    unit of change d (feature units) and the scaling from the owner's raw units."""
+    unit of change d (feature units) and the scaling from the owner's raw units (its raw bounds;
+    d is compared once, in feature units)."""
     privacy = manifest.get("privacy")
     if privacy is None:
         return None
     statement = privacy["statement"]
     mechanism = statement["mechanism"]
+    raw = statement.get("raw")
     return {"lower": mechanism["lower"], "upper": mechanism["upper"], "d": mechanism["d"],
-            "raw": statement.get("raw")}
+            "raw": None if raw is None else {k: v for k, v in raw.items() if k != "d"}}  # d: its own check
 
 
 def _label_type(classes: Sequence) -> str:
