@@ -131,13 +131,17 @@ def _ssh_cluster(spec: SSHSpec) -> Cluster:
     _import_extra("asyncssh", "ssh", spec.kind)  # SSHCluster imports it only when starting
     from distributed.deploy.ssh import SSHCluster
 
-    return SSHCluster(
-        hosts=spec.hosts,
-        connect_options=spec.connect_options,
-        worker_options=spec.worker_options,
-        scheduler_options=_scheduler_options(spec.scheduler_options),
-        remote_python=spec.python or sys.executable,
-    )
+    # SSHCluster learns the remote scheduler's and workers' addresses from their INFO log lines
+    # ("Scheduler at: ..."), and passes them this process's Dask config: a console set to
+    # warnings (kahm_dask.cli) would silence those lines and the start would wait forever
+    with dask.config.set({"logging.distributed": "info"}):
+        return SSHCluster(
+            hosts=spec.hosts,
+            connect_options=spec.connect_options,
+            worker_options=spec.worker_options,
+            scheduler_options=_scheduler_options(spec.scheduler_options),
+            remote_python=spec.python or sys.executable,
+        )
 
 
 def _slurm_cluster(spec: SlurmSpec) -> Cluster:
