@@ -20,7 +20,7 @@
   :func:`interrupt_after_training`, :func:`run_stores`,
   :func:`staged_model`, :func:`start_from_noise_of`, :func:`complete_clusters`,
   :func:`n_planned_clusters`, :func:`zarr_arrays`, :func:`run_fingerprint`,
-  :func:`assert_same_fingerprint`, :func:`assert_same_deep`;
+  :func:`assert_same_fingerprint`, :func:`federated_rule`, :func:`assert_same_deep`;
 * float32 evaluation — :data:`FLOAT32_RTOL`, :func:`max_rel`, :func:`assert_float32_of`;
 * bad input — :class:`Rejection` and :func:`assert_rejects` (a table row: a call, its exception
   and the patterns its message must match), :data:`BAD_INPUT_X`, :data:`BAD_INPUT_Y`,
@@ -761,6 +761,23 @@ def assert_same_fingerprint(a: dict, b: dict) -> None:
                 assert arr.tobytes() == other.tobytes(), f"{key}/{name} differs"
         else:
             assert a[key] == b[key], key
+
+
+def federated_rule(models: list, X: np.ndarray, storage_options: dict | None = None):
+    """The simulated federation's decision for the rows X (m, p) from the sites' model stores
+    ``models`` (paths or URLs): each site's class distances
+    (:func:`kahm_dask.pipeline.predict.class_distance_array`, on the default scheduler), its
+    answer (ρ_q, ĉ_q) and their minimum-distance :func:`kahm_dask.federated.combine`."""
+    import dask.array as da
+
+    from kahm_dask.federated import combine, site_answer
+    from kahm_dask.pipeline.predict import class_distance_array
+    from kahm_dask.pipeline.stores.manifest import read_manifest
+
+    rows = da.from_array(np.asarray(X, dtype=np.float64), chunks=(200, -1))
+    answers = [site_answer(class_distance_array(m, rows, storage_options=storage_options).compute(),
+                           read_manifest(m, storage_options=storage_options)["classes"]) for m in models]
+    return combine(answers)
 
 
 def assert_same_deep(a, b) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from types import ModuleType
@@ -118,28 +119,48 @@ def _local_tls(spec: LocalSpec) -> dict[str, Any]:
     return {"security": to_security(spec.tls, ALL_ROLES), "protocol": TLS_PROTOCOL}
 
 
+def _scheduler_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A started cluster's scheduler options, its dashboard on loopback unless they say otherwise
+    (warned: :func:`warn_exposed_dashboard`)."""
+    options = {"dashboard_address": "127.0.0.1:0", **options}
+    warn_exposed_dashboard(options["dashboard_address"])
+    return options
+
+
 def _ssh_cluster(spec: SSHSpec) -> Cluster:
     _import_extra("asyncssh", "ssh", spec.kind)  # SSHCluster imports it only when starting
     from distributed.deploy.ssh import SSHCluster
 
-    return SSHCluster(
-        hosts=spec.hosts,
-        connect_options=spec.connect_options,
-        worker_options=spec.worker_options,
-        scheduler_options=spec.scheduler_options,
-    )
+    # SSHCluster learns the remote scheduler's and workers' addresses from their INFO log lines
+    # ("Scheduler at: ..."), and passes them this process's Dask config: a console set to
+    # warnings (kahm_dask.cli) would silence those lines and the start would wait forever
+    with dask.config.set({"logging.distributed": "info"}):
+        return SSHCluster(
+            hosts=spec.hosts,
+            connect_options=spec.connect_options,
+            worker_options=spec.worker_options,
+            scheduler_options=_scheduler_options(spec.scheduler_options),
+            remote_python=spec.python or sys.executable,
+        )
 
 
 def _slurm_cluster(spec: SlurmSpec) -> Cluster:
     jobqueue = _import_extra("dask_jobqueue", "jobqueue", spec.kind)
     optional = {"python": spec.python} if spec.python is not None else {}
+    if spec.log_directory is not None:
+        optional["log_directory"] = spec.log_directory
     cluster = jobqueue.SLURMCluster(
         queue=spec.queue,
         account=spec.account,
         cores=spec.cores,
+        processes=spec.processes,
         memory=spec.memory,
         walltime=spec.walltime,
         job_extra_directives=spec.job_extra_directives,
+        # one BLAS thread per Dask thread in every job, as in a local cluster
+        job_script_prologue=[f"export {name}={value}" for name, value in BLAS_ENV.items()],
+        scheduler_options=_scheduler_options(spec.scheduler_options),
+        worker_extra_args=spec.worker_extra_args,
         **optional,
     )
     cluster.scale(jobs=spec.jobs)

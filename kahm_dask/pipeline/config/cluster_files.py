@@ -63,7 +63,9 @@ class SSHSpec(Section):
     ``hosts[0]`` runs the scheduler, every further entry one worker process (repeat a host
     to put the scheduler and a worker on it). The option mappings go unchanged to
     SSHCluster: ``connect_options`` to ``asyncssh.connect``, ``worker_options`` to each
-    ``Nanny`` (e.g. ``nthreads``, ``memory_limit``), ``scheduler_options`` to the scheduler.
+    ``Nanny`` (e.g. ``nthreads``, ``memory_limit``), ``scheduler_options`` to the scheduler
+    (its dashboard stays on 127.0.0.1 unless ``dashboard_address`` says otherwise). ``python``:
+    the interpreter on the hosts (an environment with kahm-dask), null for the client's own path.
     """
 
     kind: Literal["ssh"] = "ssh"
@@ -71,6 +73,7 @@ class SSHSpec(Section):
     connect_options: dict[str, Any] = field(default_factory=dict)
     worker_options: dict[str, Any] = field(default_factory=dict)
     scheduler_options: dict[str, Any] = field(default_factory=dict)
+    python: str | None = None
 
     def _validate(self) -> None:
         if len(self.hosts) < 2:
@@ -83,7 +86,12 @@ class SSHSpec(Section):
 @dataclass(frozen=True, kw_only=True)
 class SlurmSpec(Section):
     """``kind: slurm`` — ``dask_jobqueue.SLURMCluster`` (extra ``jobqueue``), scaled to
-    ``jobs`` batch jobs of ``cores`` cores and ``memory`` each."""
+    ``jobs`` batch jobs of ``cores`` cores and ``memory`` each, ``processes`` worker processes per
+    job. The scheduler runs where the pipeline runs; ``scheduler_options`` go to it unchanged (e.g.
+    ``host``: the address the compute nodes reach it at; its dashboard stays on 127.0.0.1 unless
+    ``dashboard_address`` says otherwise); ``worker_extra_args`` are added to each job's
+    ``dask worker`` command (e.g. ``["--interface", "ib0"]``). ``log_directory``: where the jobs' output files go
+    (SLURM's working directory if null); they hold worker logs, so keep them on the owner's side."""
 
     kind: Literal["slurm"] = "slurm"
     queue: str | None = None
@@ -94,8 +102,14 @@ class SlurmSpec(Section):
     jobs: int = field(default=1, metadata=bound(ge=1))
     job_extra_directives: list[str] = field(default_factory=list)
     python: str | None = None
+    processes: int = field(default=1, metadata=bound(ge=1))
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    worker_extra_args: list[str] = field(default_factory=list)
+    log_directory: str | None = None
 
     def _validate(self) -> None:
+        if self.processes > self.cores:
+            raise invalid_value("processes", f"at most cores ({self.cores}) worker processes per job", self.processes)
         if self.memory == "auto":
             raise invalid_value("memory", "give the memory of one job, e.g. '16GB'", self.memory)
         if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", self.walltime):

@@ -435,6 +435,7 @@ def test_shipped_remote_tls_config_loads_with_its_certificates(tmp_path, monkeyp
         ("kind: slurm\ncores: 4\n", "missing required key 'memory'"),
         ("kind: slurm\ncores: 4\nmemory: 8GB\nwalltime: 2h\n", "'walltime'.*SLURM time"),
         ("kind: slurm\ncores: 4\nmemory: 8GB\njobs: 0\n", "'jobs'.*>= 1"),
+        ("kind: slurm\ncores: 1\nmemory: 8GB\nprocesses: 2\n", "'processes'.*at most cores"),
         ("kind: kubernetes\nimage: x\nresources: {cpu: 1, memory: 1Gi, gpu: 1}\n",
          "unknown key 'resources.gpu'"),
         ("- kind: local\n", "expected a mapping"),

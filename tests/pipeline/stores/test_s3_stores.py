@@ -255,3 +255,44 @@ def test_unknown_protocol_and_missing_s3fs_are_clear(monkeypatch, digits):
     monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs now fails
     with pytest.raises(ImportError, match=r"kahm-dask\[s3\]"):
         open_dataset("s3://bucket/data.zarr")
+
+
+def test_cli_combine_model_stores_published_on_s3(s3, iris, tmp_path, monkeypatch):
+    """Two sites publish their DP model stores to S3; ``kahm-dask combine`` reads them there and
+    writes the global store there too; it predicts as the simulated federated rule over the
+    sites' stores on S3, and holds no credential."""
+    import contextlib
+    import json
+
+    import zarr
+    from click.testing import CliRunner
+
+    from kahm_dask.cli import main
+    from kahm_dask.federated import split_sites
+    from kahm_dask.pipeline.predict import PREDICTIONS
+    from tests._kit import federated_rule
+
+    monkeypatch.setattr("kahm_dask.cli.session.connect", lambda cfg: contextlib.nullcontext(None))
+    options = ["--storage-options", json.dumps(s3)]
+    run = CliRunner().invoke
+    sites = []
+    for q, rows in enumerate(split_sites(iris.y_train, 2, "iid", random_state=SEED)):
+        store = write_dataset(tmp_path / f"site{q}.zarr", iris.X_train[rows], iris.y_train[rows])
+        sites.append(_url(f"site{q}.zarr"))
+        result = run(main, ["train", str(store.path), sites[-1], "--epsilon", "2", "--bounds", "0", "1",
+                            "--n-components", "3", "--seed", "1", *options])
+        assert result.exit_code == 0, result.output
+    test_store = write_dataset(tmp_path / "test.zarr", iris.X_test, iris.y_test)
+    glob = _url("global.zarr")
+    result = run(main, ["combine", *sites, glob, *options])
+    assert result.exit_code == 0, result.output
+    result = run(main, ["predict", glob, str(test_store.path), str(tmp_path / "pred.zarr"), *options])
+    assert result.exit_code == 0, result.output
+    group = zarr.open_group(tmp_path / "pred.zarr", mode="r")
+    predicted = np.asarray(group.attrs["classes"])[group[PREDICTIONS][:]]
+    np.testing.assert_array_equal(predicted, federated_rule(sites, iris.X_test, s3).label)
+    fs = fsspec.filesystem("s3", **s3)
+    assert "No row left a site" in fs.cat_file(f"{glob}.PRIVACY.md".removeprefix("s3://")).decode()
+    manifest = fs.cat_file(f"{glob}/zarr.json".removeprefix("s3://")).decode()
+    assert "testing" not in manifest and s3["client_kwargs"]["endpoint_url"] not in manifest
+    assert [s["model"] for s in read_manifest(glob, storage_options=s3)["federation"]["sites"]] == sites
