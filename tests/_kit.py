@@ -688,11 +688,21 @@ def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
     """Copy the data stores (with their ledger) and the stored noisy rows (with their marker
     and noise_id) of the run folder ``src_run`` into a new run folder ``dst_run``: a run there
     reuses them, so it can be compared bit for bit with ``src_run`` although the noise is
-    secure (never drawn twice). Nothing else of ``src_run`` is copied."""
+    secure (never drawn twice). The releases the copied stores remember are adopted into the
+    test's own ledger (``kahm-dask ledger adopt``: it continues them, as the owner's one ledger
+    would). Nothing else of ``src_run`` is copied."""
+    from kahm_dask.pipeline.stores.dataset import open_dataset
+
     src, dst = Path(src_run) / "owner", Path(dst_run) / "owner"
     dst.mkdir(parents=True)
     shutil.copytree(src / "data", dst / "data")
     shutil.copytree(src / "work" / "X_noisy", dst / "work" / "X_noisy")
+    for store in sorted((dst / "data").glob("*.zarr")):
+        data = open_dataset(store)
+        book = PrivacyLedger.for_data(data)
+        for r in data.releases:
+            if not book.has(r["release_id"]):
+                book.adopt(r["epsilon"], r["delta"], release_id=r["release_id"], what=r["what"])
 
 
 def complete_clusters(model_path: Path) -> int:

@@ -23,7 +23,7 @@ __all__ = ["release", "RELEASE_PARAMS"]
 #: The parameters ``kahm-dask release`` takes as options: the release's and the fabrication's
 #: (with its partition). The other estimator parameters keep their defaults.
 RELEASE_PARAMS = (
-    "epsilon", "delta", "d", "bounds", "dp_data", "r_source", "r_value", "cluster_on", "max_passes",
+    "epsilon", "record_epsilon", "record_delta", "delta", "d", "bounds", "dp_data", "r_source", "r_value", "cluster_on", "max_passes",
     "n_components", "block_size", "s_rule", "min_range", "n_init", "kmeans_dims", "random_state", "ledger", "budget",
 )
 
@@ -55,8 +55,9 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
     from kahm_dask.privacy.bounds import public_bounds
 
     t0 = time.perf_counter()
-    if options["epsilon"] is None:
-        raise click.UsageError("Missing option '--epsilon': the ε per entry of the release.")
+    if options["epsilon"] is None and options["record_epsilon"] is None:
+        raise click.UsageError("Missing option '--epsilon' (the ε per entry of the release) or '--record-epsilon' "
+                               "(the ε per record, solved to an ε per entry).")
     if report is not None and test_store is None:
         raise click.UsageError("--report needs --test-store (the held-out rows it measures on).")
     write_report = _report_writer() if report is not None else None
@@ -69,7 +70,7 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
                 params["bounds"] = public_bounds(params["bounds"], ds.n_features)
             estimator = DaskKAHMClassifier(**params)
             check_as_options(estimator, params["budget"])
-            settings = estimator.train_settings(budget=params["budget"])
+            settings = estimator.train_settings(budget=params["budget"]).for_features(ds.n_features)
             with session.connect(cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
                                              dashboard_address)) as client:
                 echo_dashboard(client)

@@ -21,8 +21,10 @@ def blobs():
 
 
 def _state(clf: KAHMClassifier) -> bytes:
-    """Everything a fitted classifier holds (its pickle), for bitwise comparison."""
-    return pickle.dumps({k: v for k, v in vars(clf).items() if k.endswith("_") and k != "privacy_statement_"})
+    """Everything a fitted classifier holds (its pickle), for bitwise comparison; not the statement
+    and the release's id, which names each release anew (its ledger entry)."""
+    return pickle.dumps({k: v for k, v in vars(clf).items()
+                         if k.endswith("_") and k not in ("privacy_statement_", "release_id_")})
 
 
 @pytest.mark.filterwarnings("ignore::kahm_dask.privacy.randomness.PrivacyLeakWarning")

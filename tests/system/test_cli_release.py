@@ -133,3 +133,17 @@ def test_report_is_computed_on_the_owners_side_in_raw_units(stores, tmp_path, on
     np.testing.assert_array_equal(kw["dp_y"], kw["real_y"])
     assert kw["statement"].mechanism["epsilon"] == 2.0 and kw["feature_names"][:2] == ["x0", "x1"]
     assert np.all(np.asarray(kw["bounds"][1]) == 16.0)
+
+
+def test_a_record_level_release_with_its_quality_report(stores, tmp_path, on_threads):
+    """--record-epsilon is solved to an ε per entry by the accountant (64 features, record ε = 8:
+    about 0.21 per entry, between the basic 8/64 and 8), and --report writes the real quality
+    report (owner only: 0600) beside the release."""
+    out, report = tmp_path / "r.parquet", tmp_path / "q.html"
+    result = _release(stores, out, "--record-epsilon", "8", "--report", str(report), "--test-store",
+                      str(stores / "t.zarr"))
+    assert result.exit_code == 0, result.output
+    statement = (tmp_path / "r.parquet.PRIVACY.md").read_text()
+    per_entry = float(re.search(r"\| ε per entry \| ([0-9.]+) \|", statement).group(1))
+    assert 8 / 64 < per_entry < 8 and "| ε per record (64 features, δ = 1e-05) | 8 |" in statement
+    assert report.stat().st_mode & 0o777 == 0o600 and "Owner only" in report.read_text()
