@@ -23,7 +23,8 @@ __all__ = ["release", "RELEASE_PARAMS"]
 #: The parameters ``kahm-dask release`` takes as options: the release's and the fabrication's
 #: (with its partition). The other estimator parameters keep their defaults.
 RELEASE_PARAMS = (
-    "epsilon", "record_epsilon", "record_delta", "delta", "d", "bounds", "dp_data", "r_source", "r_value", "cluster_on", "max_passes",
+    "epsilon", "record_epsilon", "record_delta", "delta", "d", "bounds", "dp_data", "r_source", "r_value",
+    "cluster_on", "max_passes",
     "n_components", "block_size", "s_rule", "min_range", "n_init", "kmeans_dims", "random_state", "ledger", "budget",
 )
 
