@@ -152,6 +152,7 @@ def release_dataset(X, y, *, epsilon: float, bounds=None, dp_data: str = "noisy"
     classes, y_idx = np.unique(y, return_inverse=True)
     if np.bincount(y_idx).min() < 2:
         raise ValueError("every class needs at least 2 rows (the fabrication's smoother fits a KAHM per class).")
+    spec.epsilon_ = spec.epsilon  # the ε per entry the release draws at (no record-level target here)
     noisy = spec._release(X, caller_partition=False,
                           what=f"release_dataset: {dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix")
     rows = noisy if dp_data == "noisy" else _fabricate(spec, X, noisy, y_idx, len(classes))

@@ -81,5 +81,5 @@ def _store_rows(store, bounds, ledger_dir):
         bounds = (np.asarray(fr["min"], dtype=np.float64), np.asarray(fr["max"], dtype=np.float64))
     else:
         bounds = (np.full(ds.n_features, bounds[0]), np.full(ds.n_features, bounds[1]))
-    ledger = PrivacyLedger.for_data(ds.fingerprint(), ledger_dir)
+    ledger = PrivacyLedger.for_data(ds, ledger_dir)
     return ds.read_slice(0, ds.n_samples), ds.labels(), bounds, ledger

@@ -61,7 +61,6 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
                                "(the ε per record, solved to an ε per entry).")
     if report is not None and test_store is None:
         raise click.UsageError("--report needs --test-store (the held-out rows it measures on).")
-    write_report = _report_writer() if report is not None else None
     try:
         with interruptible("release"):
             params = estimator_params(options)
@@ -76,8 +75,8 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
                                              dashboard_address)) as client:
                 echo_dashboard(client)
                 summary = release_store(ds, out, settings, fmt=fmt)
-                if write_report is not None:
-                    _write_report(write_report, report, ds, open_dataset(test_store), out, fmt, summary)
+                if report is not None:
+                    _write_report(report, ds, open_dataset(test_store), out, fmt, summary)
     except user_errors() as exc:
         fail(exc)
     click.echo(f"DP release (publishable): {out}; its statement: {summary['statement']}", err=True)
@@ -86,16 +85,7 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
     click.echo(f"done in {time.perf_counter() - t0:.1f} s", err=True)
 
 
-def _report_writer():
-    """``kahm_dask.report.write_quality_report``, or a one-line error where it is not installed."""
-    try:
-        from kahm_dask.report import write_quality_report
-    except ImportError:
-        raise click.UsageError("--report: the quality report is not available in this version of kahm-dask.") from None
-    return write_quality_report
-
-
-def _write_report(write, path: Path, ds, test, out: Path, fmt: str, summary: dict) -> None:
+def _write_report(path: Path, ds, test, out: Path, fmt: str, summary: dict) -> None:
     """The quality report of the release at ``out``, computed here, on the owner's side: the
     private rows of ``ds`` and ``test`` (in raw units, as the release) and the released rows."""
     import numpy as np
@@ -103,11 +93,12 @@ def _write_report(write, path: Path, ds, test, out: Path, fmt: str, summary: dic
     from kahm_dask.dp_dataset import LABEL_COLUMN
     from kahm_dask.pipeline.release import read_release, to_raw_units
     from kahm_dask.privacy.statement import PrivacyStatement
+    from kahm_dask.report import write_quality_report
 
     released = read_release(out, fmt)
     dp_y = released.pop(LABEL_COLUMN).to_numpy()
     to_raw = to_raw_units(summary)
     statement = PrivacyStatement(**{k: v for k, v in summary["privacy_statement"].items() if k != "holds"})
-    write(path, real_X=to_raw(np.asarray(ds.X())), real_y=ds.labels(), dp_X=released.to_numpy(), dp_y=dp_y,
-          test_X=to_raw(np.asarray(test.X())), test_y=test.labels(), statement=statement,
-          bounds=tuple(summary["raw_bounds"]), feature_names=list(released.columns))
+    write_quality_report(path, real_X=to_raw(np.asarray(ds.X())), real_y=ds.labels(), dp_X=released.to_numpy(),
+                         dp_y=dp_y, test_X=to_raw(np.asarray(test.X())), test_y=test.labels(), statement=statement,
+                         bounds=tuple(summary["raw_bounds"]), feature_names=list(released.columns))

@@ -164,6 +164,7 @@ def _fabricated(store: DatasetStore, settings: TrainSettings, mech, source) -> t
 
     spec = KAHMClassifier(**{k: v for k, v in settings.to_params().items()
                              if k in KAHMClassifier._parameter_constraints})
+    spec.epsilon_ = mech.epsilon  # the ε per entry of the release, as a fit sets it
     private = settings.needs_private_rows
     blocks, codes = [], []
     for code in range(len(store.classes)):

@@ -194,8 +194,11 @@ def _privacy_section(statement, audit: dict | None) -> str:
                  "privacy loss for a change of one entry by at most d"]]
     per_record = getattr(statement, "epsilon_per_record", None)
     if per_record is not None:
-        headline.append(["ε per record (p·ε)", _value(per_record),
-                         "a whole row changes up to p entries: basic composition adds their losses"])
+        headline.append([f"ε per record (δ = {_value(per_record.delta)})", _value(per_record.pld),
+                         "a whole row changes up to p entries: the exact composition of their losses "
+                         "(privacy loss distribution), an upper bound"])
+        headline.append(["ε per record (p·ε)", _value(per_record.basic),
+                         "the same by basic composition: the plain sum of the losses, a looser bound"])
     for key, value in fields.items():  # every per-record field a statement has (e.g. a tighter accountant's)
         if "record" in key and value is not None and not isinstance(value, dict):
             headline.append([key.replace("_", " "), _value(value), "as stated by the privacy statement"])

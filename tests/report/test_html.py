@@ -74,6 +74,7 @@ def test_every_score_is_explained_and_every_statement_field_is_shown(report):
     for meaning in MEANINGS.values():
         assert html.escape(meaning) in page
     assert "<td>ε per entry</td><td>2</td>" in page and "<td>ε per record (p·ε)</td><td>32</td>" in page
+    assert "<td>ε per record (δ = 1e-05)</td>" in page  # the accountant's, beside the basic bound
     assert "<td>epsilon per record pld</td><td>11.5</td>" in page  # a field the statement gained later
     assert "<td>epsilon_lower_bound</td><td>0.7</td>" in page  # the audit, as given
     for row in ("KAHM</td><td>DP rows (TSTR)", "KAHM</td><td>real rows (TRTR)",

@@ -72,7 +72,7 @@ def test_cli_audits_a_dp_fit_on_a_store_and_spends_once(tmp_path):
     entry, fit = out.output.splitlines()
     assert "LLR score" in entry and "model distance score" in fit and "(100 canaries" in fit
     assert _bound(fit) <= _bound(entry) <= 2.0
-    assert PrivacyLedger.for_data(open_dataset(store).fingerprint()).spent() == (2.0, 0.0)
+    assert PrivacyLedger.for_data(open_dataset(store)).spent() == (2.0, 0.0)
 
 
 def test_cli_store_without_public_bounds_is_refused_before_any_spending(tmp_path):
@@ -83,4 +83,4 @@ def test_cli_store_without_public_bounds_is_refused_before_any_spending(tmp_path
     assert CliRunner().invoke(main, ["ingest", "sklearn:iris", str(store)]).exit_code == 0
     out = CliRunner().invoke(main, ["audit", "--store", str(store), "--epsilon", "2"])
     assert out.exit_code == 2 and "records no public feature range" in out.output
-    assert PrivacyLedger.for_data(open_dataset(store).fingerprint()).spent() == (0.0, 0.0)
+    assert PrivacyLedger.for_data(open_dataset(store)).spent() == (0.0, 0.0)

@@ -61,7 +61,7 @@ def test_the_command_line_steps_run_as_written_and_end_in_a_useful_model(tmp_pat
     assert "ClippingWarning" not in proc.stderr and "PrivacyLeakWarning" not in proc.stderr
     metrics, _ = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index('{\n  "accuracy"'):])
     assert metrics["accuracy"] > 0.85  # DP ε = 2 per entry on digits: about 0.94
-    assert "spent ε = 2, δ = 0 in 1 release(s)" in proc.stdout
+    assert "spent per row: ε from 2 to 2, δ up to 0, in 1 release(s)" in proc.stdout
     statement = (tmp_path / "model.zarr.PRIVACY.md").read_text()
     assert "[0, 16] in raw units" in statement and "| ε per record (64 features, δ = 1e-05) | 128 |" in statement
     assert not (tmp_path / "model.work").exists() and (tmp_path / "data/train.kahm-work").is_dir()
