@@ -699,10 +699,7 @@ def start_from_noise_of(src_run: Path, dst_run: Path) -> None:
     shutil.copytree(src / "work" / "X_noisy", dst / "work" / "X_noisy")
     for store in sorted((dst / "data").glob("*.zarr")):
         data = open_dataset(store)
-        book = PrivacyLedger.for_data(data)
-        for r in data.releases:
-            if not book.has(r["release_id"]):
-                book.adopt(r["epsilon"], r["delta"], release_id=r["release_id"], what=r["what"])
+        PrivacyLedger.for_data(data).adopt_remembered(data.releases)
 
 
 def complete_clusters(model_path: Path) -> int:

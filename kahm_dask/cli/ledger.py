@@ -113,10 +113,7 @@ def ledger_adopt(store, forget, ledger_dir) -> None:
             click.echo(f"{store} no longer remembers its {len(data.releases)} release(s); the ledger "
                        f"{book.file} counts only what it records.")
             return
-        missing = [r for r in data.releases if not book.has(r["release_id"])]
-        for r in missing:
-            book.adopt(r["epsilon"], r["delta"], release_id=r["release_id"],
-                       what=f"{r['what']} (adopted from {r.get('ledger')}, {r.get('time')})")
+        missing = book.adopt_remembered(data.releases)
         click.echo(f"adopted {len(missing)} release(s) into {book.file}")
         click.echo(_summary_line(book.summary()))
     except user_errors() as exc:

@@ -437,6 +437,15 @@ class PrivacyLedger:
         cannot be refused any more. A ``release_id`` already recorded is left as it is."""
         return self._record_release(float(epsilon), float(delta), release_id, what, details, check=False)
 
+    def adopt_remembered(self, releases: list[dict]) -> list[dict]:
+        """:meth:`adopt` each release a dataset store remembers (``DatasetStore.releases``) that
+        this ledger lacks; returns those adopted (``kahm-dask ledger adopt``)."""
+        missing = [r for r in releases if not self.has(r["release_id"])]
+        for r in missing:
+            self.adopt(r["epsilon"], r["delta"], release_id=r["release_id"],
+                       what=f"{r['what']} (adopted from {r.get('ledger')}, {r.get('time')})")
+        return missing
+
     def _record_release(self, epsilon: float, delta: float, release_id: str, what: str, details: dict, *,
                         check: bool) -> dict:
         with self.book.transaction() as state:
