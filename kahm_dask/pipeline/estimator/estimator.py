@@ -1,10 +1,11 @@
 """The scikit-learn API over the Dask pipeline: :class:`DaskKAHMClassifier`.
 
-``fit`` writes the training rows to a Zarr dataset store
-(:func:`~kahm_dask.pipeline.stores.dataset.write_dataset`) and runs
-:func:`~kahm_dask.pipeline.training.train_pipeline` on the estimator's client (``client``; default
-the current one, else a LocalCluster started for the fit); the fitted estimator is a handle on
-the model store it wrote. Prediction is the pipeline's blockwise min/argmin reduction
+``fit`` runs :func:`~kahm_dask.pipeline.training.train_pipeline` on the estimator's client
+(``client``; default the current one, else a LocalCluster started for the fit). A DP fit, or one
+whose rows do not fit the workers' memory, first writes the rows to a Zarr dataset store
+(:func:`~kahm_dask.pipeline.stores.dataset.write_dataset`, in ``store_dir``); a non-private fit
+whose rows fit trains from them directly (:mod:`~kahm_dask.pipeline.stores.held`). The fitted
+estimator is a handle on the model store it wrote. Prediction is the pipeline's blockwise min/argmin reduction
 (:func:`~kahm_dask.pipeline.predict.class_distance_array`): lazy dask arrays for dask input (the
 cluster models are loaded by the tasks, never in the client), NumPy arrays for NumPy input.
 :meth:`DaskKAHMClassifier.to_local` and :meth:`DaskKAHMClassifier.from_local` convert to and from
@@ -55,9 +56,11 @@ from kahm_dask.pipeline.estimator.stores import (
 from kahm_dask.pipeline.placement import worker_addresses
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.held import hold_rows
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.rows import rows_per_chunk
-from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainingRows, TrainSettings, rows_held_in_memory, train_pipeline
+from kahm_dask.pipeline.training.layout import class_layout
 from kahm_dask.privacy.statement import PrivacyStatement
 from kahm_dask.storage.location import LocationLike, as_location, committed_directory, copy_tree
 from kahm_dask.storage.locks import exclusive
@@ -330,7 +333,7 @@ persist_fraction : the partition's
                                          bounds_source=bounds_source, budget=budget)
 
     def fit_store(
-        self, store: DatasetStore, model_path: LocationLike, work_path: LocationLike, *,
+        self, store: TrainingRows, model_path: LocationLike, work_path: LocationLike, *,
         client: Client | None = None, progress: Progress | bool = False, bounds_source: str | None = None,
         budget: tuple[float, float] | None = None,
     ) -> dict:
@@ -367,11 +370,22 @@ persist_fraction : the partition's
             for stale in (work, model):  # a fit starts afresh (new noise, new k-means)
                 stale.remove()
             with fitting_client(self.__dict__.get("_client")) as client:
-                store = source if isinstance(source, DatasetStore) else write_dataset(
-                    root / DATA, *source, chunk_rows=self.chunk_rows, overwrite=True
-                )
+                store = source if isinstance(source, DatasetStore) else self._training_rows(source, root, client)
                 self.fit_store(store, model, work, client=client)
         return self
+
+    def _training_rows(self, source: tuple[Any, Any], root, client: Client) -> TrainingRows:
+        """The rows ``source`` = (X, y) as the training run reads them: held in the workers'
+        memory for a non-private fit whose rows fit there (the run's own rule,
+        :func:`~kahm_dask.pipeline.training.rows_held_in_memory`; ``root/train.zarr`` of an
+        earlier fit is removed), else written to the dataset store ``root/train.zarr``."""
+        data, settings = root / DATA, self.train_settings()
+        if not settings.params.private:
+            held = hold_rows(*source, chunk_rows=self.chunk_rows)
+            if rows_held_in_memory({"X": held.X()}, class_layout(held.y()), settings, client):
+                data.remove()  # private rows of an earlier fit
+                return held
+        return write_dataset(data, *source, chunk_rows=self.chunk_rows, overwrite=True)
 
     def _training_source(self, X, y) -> DatasetStore | tuple[Any, Any]:
         """The dataset store named by ``X``, or the checked ``(X, y)`` to write to one; sets
