@@ -53,7 +53,7 @@ from kahm_dask.pipeline.estimator.stores import (
     restore_model_store,
     store_root,
 )
-from kahm_dask.pipeline.placement import worker_addresses
+from kahm_dask.pipeline.placement import as_placed, worker_addresses
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.held import hold_rows
@@ -350,6 +350,8 @@ persist_fraction : the partition's
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
                                  manifest_extra={ESTIMATOR_PARAMS_KEY: own})
         self._set_fitted(model_path, read_manifest(model_path))
+        # where each model was trained, and stays in that worker's cache: its home for predictions
+        self._trained_on = {(i["class"], i["cluster"]): i["worker"] for i in summary["clusters"]}
         return summary
 
     def fit(self, X, y=None) -> DaskKAHMClassifier:
@@ -459,8 +461,8 @@ persist_fraction : the partition's
         keeps it by computing it with ``optimize_graph=False``, :mod:`kahm_dask.pipeline.placement`)."""
         X, lazy = self._queries(X)
         return class_distance_array(self.model_path_, X, n_probe=self.n_probe, eval_dtype=self.eval_dtype,
-                                    storage_options=self.storage_options,
-                                    workers=worker_addresses(self.client)), lazy
+                                    storage_options=self.storage_options, workers=worker_addresses(self.client),
+                                    trained_on=self.__dict__.get("_trained_on")), lazy
 
     def class_distances(self, X) -> da.Array | np.ndarray:
         """Per-class distances ``Γ_{W_c}(x)`` (eq. 64; docs/algorithm.md#wide-kahm) → (m, C).
@@ -473,7 +475,7 @@ persist_fraction : the partition's
         D, lazy = self._lazy_distances(X)
         meta = np.empty((0,) if rows else (0, 0), dtype)
         mapped = D.map_blocks(fn, dtype=dtype, meta=meta, **({"drop_axis": 1} if rows else {}))
-        return self._result(mapped, lazy)
+        return self._result(as_placed(mapped), lazy)
 
     def score(self, X, y=None, sample_weight=None) -> da.Array | float:
         """Accuracy (weighted by ``sample_weight`` (m,) if given) of the predictions of X.

@@ -61,6 +61,7 @@ __all__ = [
     "cached_cluster",
     "cached_centre",
     "model_cache_bytes",
+    "remember_trained_cluster",
     "cluster_centre",
     "cluster_done",
     "mark_model_complete",
@@ -277,6 +278,25 @@ def cached_cluster(path: LocationLike, storage_options: Options = None) -> DeepK
         model = load_cluster(path)
         _remember(_CACHE, key, model, _model_bytes, model_cache_bytes())
     return model
+
+
+def remember_trained_cluster(model: DeepKAHM, written: LocationLike, served: LocationLike) -> None:
+    """Put a cluster model this process has just written at ``written`` (a staged model store)
+    in its model cache under the key it has once the store is committed at ``served``, so that a
+    prediction on the worker that trained it loads nothing.
+
+    The staged store becomes the committed one by a rename, which keeps the completion marker's
+    inode, modification time and size (:func:`_cache_key`); elsewhere (a copy to another file
+    system or an object store) the key would never match, and nothing is put. The cached model is
+    built from the state that was written, as :func:`load_cluster` builds it from the state read.
+    """
+    written, served = as_location(written), as_location(served)
+    if not (written.is_local and served.is_local):
+        return
+    layer_states, meta = model.to_state()
+    states = [({name: np.ascontiguousarray(a) for name, a in arrays.items()}, sc) for arrays, sc in layer_states]
+    key = (str(served), *(written / _COMPLETE).stamp())
+    _remember(_CACHE, key, DeepKAHM.from_state(states, meta), _model_bytes, model_cache_bytes())
 
 
 def cached_centre(path: LocationLike, storage_options: Options = None) -> np.ndarray:

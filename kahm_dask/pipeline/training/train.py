@@ -222,7 +222,8 @@ def _train(
     }
     finished = check_same_settings((staged, model_path), work_path, current)
     if finished:  # a rerun of a complete run: the committed model store is this run's
-        infos = [{**cluster_info(model_path, c, s), "seconds": None, "resumed": True} for c, s, _, _ in table]
+        infos = [{**cluster_info(model_path, c, s), "seconds": None, "resumed": True, "worker": None}
+                 for c, s, _, _ in table]
         progress.note(f"  train: all {len(table)} clusters already in {model_path}")
     else:
         release = None if privacy is None else {"release_id": privacy["release_id"], "statement": privacy["statement"]}
@@ -238,8 +239,9 @@ def _train(
             # small ones, so the one that finishes early idles for less
             with dask.annotate(priority=b - a):
                 tasks.append(
-                    dask.delayed(train_cluster_rows, pure=False)(held[c, s], staged, c, s, params) if in_memory
-                    else dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
+                    dask.delayed(train_cluster_rows, pure=False)(held[c, s], staged, c, s, params, model_path)
+                    if in_memory else
+                    dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params, model_path)
                 )
         infos = compute(tasks, client, progress=progress, label=f"train {len(table)} clusters")
         commit_model(staged, model_path)
