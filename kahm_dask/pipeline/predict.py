@@ -238,14 +238,15 @@ def predict_to_store(
     n_probe: int | None = None,
     eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
+    trained_on: Mapping[tuple[int, int], str | None] | None = None,
 ) -> zarr.Group:
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     ``out_path`` must be free or hold earlier predictions (a prediction store is replaced, any
     other file or folder is refused before anything runs).
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler; ``n_probe`` routes and ``eval_dtype`` sets the precision as in
-    :func:`class_distance_array`. Written under a temporary
+    scheduler; ``n_probe`` routes, ``eval_dtype`` sets the precision and ``trained_on`` names
+    the workers that trained the models as in :func:`class_distance_array`. Written under a temporary
     name and renamed into place when complete
     (:func:`kahm_dask.storage.atomic.atomic_directory`): a failed job leaves the previous predictions
     untouched (on an object store: written in place, marker last,
@@ -257,7 +258,7 @@ def predict_to_store(
     out = as_location(out_path, storage_options)
     check_prediction_target(out)
     D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype,
-                             workers=worker_addresses(client))
+                             workers=worker_addresses(client), trained_on=trained_on)
     codes = D.argmin(axis=1).astype(np.int64)
     with committed_directory(out) as tmp:
         group = zarr.open_group(tmp.zarr_store(), mode="w", zarr_format=3)

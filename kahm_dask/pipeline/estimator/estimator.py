@@ -59,7 +59,7 @@ from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_
 from kahm_dask.pipeline.stores.held import hold_rows
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.rows import rows_per_chunk
-from kahm_dask.pipeline.training import TrainingRows, TrainSettings, rows_held_in_memory, train_pipeline
+from kahm_dask.pipeline.training import TrainingRows, TrainSettings, rows_held_in_memory, train_pipeline, trained_on
 from kahm_dask.pipeline.training.layout import class_layout
 from kahm_dask.privacy.statement import PrivacyStatement
 from kahm_dask.storage.location import LocationLike, as_location, committed_directory, copy_tree
@@ -117,8 +117,9 @@ persist_fraction : the partition's
         dask-ml Lloyd; ``max_cluster_rows`` bounds the memory of every training task.
     store_dir : str, path or None, default=None
         Directory (a local path, or a URL such as ``s3://bucket/prefix`` reached with
-        ``storage_options``) of the stores a fit writes: ``train.zarr`` (the training rows,
-        unless ``fit`` is given a dataset store), ``work/`` (private copies and the noisy rows:
+        ``storage_options``) of the stores a fit writes: ``train.zarr`` (the training rows, for a
+        DP fit, or one whose rows take more than ``persist_fraction`` of the workers' memory;
+        not when ``fit`` is given a dataset store), ``work/`` (private copies and the noisy rows:
         they stay with the data owner) and ``model.zarr`` (the model store; of a DP fit,
         publishable). A fit replaces them. None: a temporary directory owned by the estimator and
         deleted with it (keep the model with :meth:`save`).
@@ -135,7 +136,10 @@ persist_fraction : the partition's
     Attributes
     ----------
     client : the ``distributed.Client`` it computes on (None: the current client, at each call);
-        not a parameter (a client cannot be copied by ``clone``) and not pickled
+        not a parameter (a client cannot be copied by ``clone``) and not pickled. The first time
+        the estimator computes on a client whose worker processes it did not start, it registers
+        the pipeline's worker plugins there (one BLAS thread per Dask thread, the allocator
+        setting, the task code imported up front: :func:`~kahm_dask.pipeline.cluster.prepare_workers`)
     classes_ : (C,) class labels
     n_features_in_ : int, p
     model_path_ : :class:`~pathlib.Path` of the model store, or its URL (str) for a remote one
@@ -350,8 +354,7 @@ persist_fraction : the partition's
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
                                  manifest_extra={ESTIMATOR_PARAMS_KEY: own})
         self._set_fitted(model_path, read_manifest(model_path))
-        # where each model was trained, and stays in that worker's cache: its home for predictions
-        self._trained_on = {(i["class"], i["cluster"]): i["worker"] for i in summary["clusters"]}
+        self._trained_on = trained_on(summary)  # each model's home for predictions
         return summary
 
     def fit(self, X, y=None) -> DaskKAHMClassifier:
@@ -456,9 +459,9 @@ persist_fraction : the partition's
         return compute_on(job, self.__dict__.get("_client"), optimize_graph=False)  # keeps the homes
 
     def _lazy_distances(self, X) -> tuple[da.Array, bool]:
-        """The lazy class distances of X, its models placed on the workers of :attr:`client`
-        (placement kept when :meth:`_result` computes them; a caller computing a lazy result
-        keeps it by computing it with ``optimize_graph=False``, :mod:`kahm_dask.pipeline.placement`)."""
+        """The lazy class distances of X (a :class:`~kahm_dask.pipeline.placement.PlacedArray`),
+        each model evaluated on the worker of :attr:`client` that trained it (where the fit left
+        it in the cache), or on a home chosen by its rows (:mod:`kahm_dask.pipeline.placement`)."""
         X, lazy = self._queries(X)
         return class_distance_array(self.model_path_, X, n_probe=self.n_probe, eval_dtype=self.eval_dtype,
                                     storage_options=self.storage_options, workers=worker_addresses(self.client),

@@ -77,7 +77,7 @@ from kahm_dask.storage.private import make_private, private_directory
 
 log = logging.getLogger("kahm_dask")
 
-__all__ = ["train_pipeline", "rows_held_in_memory", "TrainingRows"]
+__all__ = ["train_pipeline", "rows_held_in_memory", "trained_on", "TrainingRows"]
 
 #: What the training run reads its rows from: a dataset store, or (a non-private fit whose rows
 #: fit the workers' memory) rows held there (:class:`~kahm_dask.pipeline.stores.held.HeldRows`).
@@ -257,6 +257,13 @@ def _train(
         "privacy_statement_markdown": None if statement is None else statement.to_markdown(),
         "clusters": infos,
     }
+
+
+def trained_on(summary: Mapping[str, Any]) -> dict[tuple[int, int], str | None]:
+    """(class code, cluster) → the address of the worker that trained that cluster model in the
+    run of ``summary`` (:func:`train_pipeline`'s), where the model stays in its cache (None for a
+    cluster resumed from an earlier run, or trained outside a worker): the prediction's homes."""
+    return {(i["class"], i["cluster"]): i["worker"] for i in summary["clusters"]}
 
 
 def rows_held_in_memory(sources: Mapping[str, da.Array], layout: ClassLayout, settings: TrainSettings,
