@@ -147,3 +147,18 @@ def test_a_record_level_release_with_its_quality_report(stores, tmp_path, on_thr
     per_entry = float(re.search(r"\| ε per entry \| ([0-9.]+) \|", statement).group(1))
     assert 8 / 64 < per_entry < 8 and "| ε per record (64 features, δ = 1e-05) | 8 |" in statement
     assert report.stat().st_mode & 0o777 == 0o600 and "Owner only" in report.read_text()
+
+
+def test_a_record_level_fabricated_release_fabricates_at_the_releases_epsilon(stores, tmp_path, on_threads):
+    """The fabrication's classifier solves its ε per entry where a fit does
+    (``KAHMClassifier._set_entry_epsilon``); it is the release's (else the release stops)."""
+    from kahm_dask.privacy.accounting import entry_epsilon
+
+    out = tmp_path / "f.parquet"
+    result = _release(stores, out, "--record-epsilon", "8", "--dp-data", "fabricated", "--seed", "0")
+    assert result.exit_code == 0, result.output
+    statement = (tmp_path / "f.parquet.PRIVACY.md").read_text()
+    per_entry = float(re.search(r"\| ε per entry \| ([0-9.]+) \|", statement).group(1))
+    assert per_entry == pytest.approx(entry_epsilon(None, 8.0, 64), rel=1e-3) and "fabricated DP rows" in statement
+    frame = _read(out)
+    assert frame.shape == (1257, 65) and frame.drop(columns="label").to_numpy().max() <= 16.0
