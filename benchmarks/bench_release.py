@@ -6,9 +6,16 @@ bounds [0, 1] recorded) is written, then released once at ε = 2 (noisy rows) by
 ``--memory-limit`` (default 512 MiB), as ``kahm-dask release`` does, in each ``--formats``.
 Measured: wall time, the client's peak RSS (this process: scheduler and client, sampled during
 the release), the peak RSS of the whole process tree (client and workers), and the bytes
-written. The client would need at least the rows' bytes to hold them once.
+written, and whether the workers that started the release are the ones that ended it (a worker
+killed for memory and restarted would not be). The client would need at least the rows' bytes
+to hold them once.
 
-    python -m benchmarks.bench_release [--gib 1] [--formats parquet zarr] [--memory-limit 512MiB]
+    python -m benchmarks.bench_release [--gib 1 [4 ...]] [--formats parquet zarr] [--memory-limit 512MiB]
+
+Several ``--gib`` are measured one after the other in one sitting (each on a fresh cluster and
+store), e.g. ``--gib 1 4`` for the smaller size as the baseline of the larger. Results go to
+``results/release.md`` for 1 GiB alone and to ``results/release_<largest>gib.md`` otherwise, so
+each size keeps its own table.
 """
 
 from __future__ import annotations
@@ -58,15 +65,18 @@ def measure(gib: float, formats: list[str], memory_limit: str, where: Path) -> l
             settings = DaskKAHMClassifier(epsilon=2.0, ledger=PrivacyLedger()).train_settings()
             out = where / f"release.{fmt}"
             load = os.getloadavg()[0]
+            workers = set(client.scheduler_info()["workers"])
             with PeakRSS(0.1) as client_rss, PeakTreeRSS(0.25) as tree_rss:
                 t0 = time.perf_counter()
                 summary = release_store(store, out, settings, fmt=fmt)
                 seconds = time.perf_counter() - t0
+            same_workers = set(client.scheduler_info()["workers"]) == workers
             written = tree_bytes(out) if out.is_dir() else out.stat().st_size
-            rows.append(row := {"format": fmt, "n_rows": summary["n_rows"], "rows_mib": X.nbytes / 2**20,
+            rows.append(row := {"gib": gib, "format": fmt, "n_rows": summary["n_rows"], "rows_mib": X.nbytes / 2**20,
                          "seconds": seconds, "client_peak_mib": client_rss.peak_mib,
                          "tree_peak_mib": tree_rss.peak_mib, "written_mib": written / 2**20,
-                         "ingest_s": ingest_s, "load_before": load})
+                         "ingest_s": ingest_s, "load_before": load, "load_after": os.getloadavg()[0],
+                         "same_workers": same_workers})
             print(row, flush=True)
             if out.is_dir():
                 shutil.rmtree(out)
@@ -77,24 +87,30 @@ def measure(gib: float, formats: list[str], memory_limit: str, where: Path) -> l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--gib", type=float, nargs="+", default=[1.0])
     parser.add_argument("--formats", nargs="+", default=["parquet", "zarr"], choices=["parquet", "csv", "zarr"])
     parser.add_argument("--memory-limit", default="512MiB")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-release-") as tmp:
-        rows = measure(args.gib, args.formats, args.memory_limit, Path(tmp))
+    facts = machine_facts(1)  # the load average at the start
+    rows = []
+    for gib in args.gib:
+        with tempfile.TemporaryDirectory(prefix="bench-release-") as tmp:
+            rows += measure(gib, args.formats, args.memory_limit, Path(tmp))
     table = markdown_table(
-        ["format", "rows", "rows (MiB)", "release (s)", "client peak RSS (MiB)", "client + workers peak RSS (MiB)",
-         "written (MiB)"],
-        [[r["format"], r["n_rows"], f"{r['rows_mib']:.0f}", f"{r['seconds']:.1f}", f"{r['client_peak_mib']:.0f}",
-          f"{r['tree_peak_mib']:.0f}", f"{r['written_mib']:.0f}"] for r in rows],
+        ["GiB", "format", "rows", "rows (MiB)", "ingest of the store (s)", "release (s)", "client peak RSS (MiB)",
+         "client + workers peak RSS (MiB)", "written (MiB)", "no worker lost", "load before / after"],
+        [[f"{r['gib']:g}", r["format"], r["n_rows"], f"{r['rows_mib']:.0f}", f"{r['ingest_s']:.1f}",
+          f"{r['seconds']:.1f}", f"{r['client_peak_mib']:.0f}", f"{r['tree_peak_mib']:.0f}",
+          f"{r['written_mib']:.0f}", "yes" if r["same_workers"] else "NO",
+          f"{r['load_before']:.2f} / {r['load_after']:.2f}"] for r in rows],
     )
-    facts = {**machine_facts(1), "workers": f"2 processes x 1 thread, memory limit {args.memory_limit} each",
-             "rows": f"synthetic_blobs, {N_FEATURES} float32 features, {CHUNK_ROWS}-row chunks",
-             "ingest of the store (s)": f"{rows[0]['ingest_s']:.1f}",
-             "load average before each release": ", ".join(f"{r['load_before']:.2f}" for r in rows)}
-    path = write_report("release", "kahm-dask release: rows larger than a worker, never held by the client",
-                        facts, [("Results", table)])
+    facts |= {"workers": f"2 processes x 1 thread, memory limit {args.memory_limit} each",
+              "rows": f"synthetic_blobs, {N_FEATURES} float32 features, {CHUNK_ROWS}-row chunks",
+              "release": "epsilon = 2 per entry, noisy rows, public bounds [0, 1] recorded in the store"}
+    largest = max(args.gib)
+    name = "release" if args.gib == [1.0] else f"release_{largest:g}gib"
+    path = write_report(name, "kahm-dask release: rows larger than a worker, never held by the client",
+                        facts, [("Results", table), ("Raw results", "```\n" + repr(rows) + "\n```")])
     print(path.read_text())
 
 

@@ -313,9 +313,7 @@ class KAHMClassifier(KAHMClassifierBase):
             )
         labels = None if partition is None else check_partition(partition, X.shape[0], 1)[0]
         root = as_seed_sequence(self.random_state)
-        self.epsilon_ = entry_epsilon(self.epsilon, self.record_epsilon, X.shape[1], record_delta=self.record_delta,
-                                      delta=self.delta)
-        private = self.epsilon_ is not None
+        private = self._set_entry_epsilon(X.shape[1]) is not None
         X_noisy = self._release(X, caller_partition=labels is not None and not partition_public) if private else None
         recipe = self._recipe()
 
@@ -342,6 +340,16 @@ class KAHMClassifier(KAHMClassifierBase):
         elif released_from is not None:
             self.privacy_statement_ = released_from.statement.post_processing(released_from.release_id)
         return self
+
+    def _set_entry_epsilon(self, n_features: int) -> float | None:
+        """Set and return ``epsilon_``, the ε per entry of a release of rows with ``n_features``
+        features: ``epsilon`` as given, else the one solved from ``record_epsilon`` (and
+        ``record_delta``, ``delta``) by :func:`~kahm_dask.privacy.accounting.entry_epsilon`, else
+        None (no release). ``fit``, :func:`~kahm_dask.dp_dataset.release_dataset` and
+        ``kahm-dask release``'s fabrication all set it here."""
+        self.epsilon_ = entry_epsilon(self.epsilon, self.record_epsilon, n_features, record_delta=self.record_delta,
+                                      delta=self.delta)
+        return self.epsilon_
 
     def _recipe(self) -> TrainParams:
         return TrainParams(

@@ -127,7 +127,7 @@ def raw_units(X: np.ndarray, lower: np.ndarray, upper: np.ndarray, scaling: Scal
     return clipped if scaling is None else scaling.invert(clipped)
 
 
-def release_dataset(X, y, *, epsilon: float, bounds=None, dp_data: str = "noisy", feature_names=None,
+def release_dataset(X, y, *, epsilon: float | None, bounds=None, dp_data: str = "noisy", feature_names=None,
                     **params: Any) -> DPDataset:
     """One DP release of X (N, p) with labels y (N,): the noisy rows, or with
     ``dp_data="fabricated"`` the rows fabricated from them class by class (Definition 14), in
@@ -137,7 +137,9 @@ def release_dataset(X, y, *, epsilon: float, bounds=None, dp_data: str = "noisy"
     :class:`~kahm_dask.privacy.bounds.FeatureBounds` of :func:`~kahm_dask.datasets.split_and_scale`
     also gives the raw units); ``params``: the other privacy, fabrication and partition parameters
     of :class:`~kahm_dask.KAHMClassifier` (``delta``, ``d``, ``ledger``, ``budget``, ``r_source``,
-    ``r_value``, ``cluster_on``, ``n_components``, ``block_size``, ``random_state`` …). The release is
+    ``r_value``, ``cluster_on``, ``n_components``, ``block_size``, ``random_state`` …); with
+    ``epsilon=None`` and ``record_epsilon``, the ε per entry is solved as ``KAHMClassifier.fit``
+    solves it (its ``epsilon_``). The release is
     recorded in the data set's ledger before any noise is drawn; bad input raises before that.
     """
     from kahm_dask.classifier import KAHMClassifier
@@ -152,7 +154,9 @@ def release_dataset(X, y, *, epsilon: float, bounds=None, dp_data: str = "noisy"
     classes, y_idx = np.unique(y, return_inverse=True)
     if np.bincount(y_idx).min() < 2:
         raise ValueError("every class needs at least 2 rows (the fabrication's smoother fits a KAHM per class).")
-    spec.epsilon_ = spec.epsilon  # the ε per entry the release draws at (no record-level target here)
+    if spec._set_entry_epsilon(X.shape[1]) is None:
+        raise ValueError("release_dataset needs epsilon (or record_epsilon): a release without noise is the "
+                         "private rows themselves.")
     noisy = spec._release(X, caller_partition=False,
                           what=f"release_dataset: {dp_data} rows of a {X.shape[0]} x {X.shape[1]} matrix")
     rows = noisy if dp_data == "noisy" else _fabricate(spec, X, noisy, y_idx, len(classes))

@@ -94,6 +94,7 @@ def _write_report(path: Path, ds, test, out: Path, fmt: str, summary: dict) -> N
     from kahm_dask.pipeline.release import read_release, to_raw_units
     from kahm_dask.privacy.statement import PrivacyStatement
     from kahm_dask.report import write_quality_report
+    from kahm_dask.report.pictures import image_shape_of
 
     released = read_release(out, fmt)
     dp_y = released.pop(LABEL_COLUMN).to_numpy()
@@ -101,4 +102,5 @@ def _write_report(path: Path, ds, test, out: Path, fmt: str, summary: dict) -> N
     statement = PrivacyStatement(**{k: v for k, v in summary["privacy_statement"].items() if k != "holds"})
     write_quality_report(path, real_X=to_raw(np.asarray(ds.X())), real_y=ds.labels(), dp_X=released.to_numpy(),
                          dp_y=dp_y, test_X=to_raw(np.asarray(test.X())), test_y=test.labels(), statement=statement,
-                         bounds=tuple(summary["raw_bounds"]), feature_names=list(released.columns))
+                         bounds=tuple(summary["raw_bounds"]), feature_names=list(released.columns),
+                         image_shape=image_shape_of(released.shape[1]))

@@ -164,7 +164,8 @@ def _fabricated(store: DatasetStore, settings: TrainSettings, mech, source) -> t
 
     spec = KAHMClassifier(**{k: v for k, v in settings.to_params().items()
                              if k in KAHMClassifier._parameter_constraints})
-    spec.epsilon_ = mech.epsilon  # the ε per entry of the release, as a fit sets it
+    if spec._set_entry_epsilon(store.n_features) != mech.epsilon:  # as a fit sets it: the release's ε per entry
+        raise RuntimeError(f"the fabrication's ε per entry {spec.epsilon_} is not the release's {mech.epsilon}.")
     private = settings.needs_private_rows
     blocks, codes = [], []
     for code in range(len(store.classes)):

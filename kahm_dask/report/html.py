@@ -106,8 +106,9 @@ def write_quality_report(
             "<p><b>This file holds owner-only sections: keep it with the data owner.</b> Only the sections "
             f"marked <i>{PUBLISHABLE}</i> may be copied out and published.</p>"]
     body.append(_privacy_section(statement, audit))
-    body.append(_dp_rows_section(dp_X, dp_y, lower, upper, statement, image_shape))
-    body.append(_fidelity_section(real_X, real_y, dp_X, names))
+    summary = pictures.ClassSummary.from_rows(dp_X, dp_y)  # DP rows only: what the publishable picture shows
+    body.append(_dp_rows_section(dp_X, dp_y, lower, upper, statement, image_shape, summary))
+    body.append(_fidelity_section(real_X, real_y, dp_X, names, summary, image_shape))
     body.append(_efficacy_section(real_X, real_y, dp_X, dp_y, test_X, test_y))
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>DP release quality report"
             f"</title>{_STYLE}</head><body>\n" + "\n".join(body) + f"\n{_SCRIPT}\n</body></html>\n")
@@ -234,7 +235,8 @@ def _epsilon(statement) -> float:
     return float(statement.to_dict()["mechanism"]["epsilon"])
 
 
-def _dp_rows_section(dp_X, dp_y, lower, upper, statement, image_shape) -> str:
+def _dp_rows_section(dp_X, dp_y, lower, upper, statement, image_shape, summary) -> str:
+    """Publishable: reads the DP rows, their labels and public settings only (never ``real_X``)."""
     classes, counts = np.unique(dp_y, return_counts=True)
     balance = _table(["class", "DP rows", "share"],
                      [[str(c), int(n), float(n / len(dp_y))] for c, n in zip(classes, counts, strict=True)])
@@ -244,8 +246,7 @@ def _dp_rows_section(dp_X, dp_y, lower, upper, statement, image_shape) -> str:
         "<p>" + html.escape(f"Within public bounds: {within.mean():.3f} on average, {within.min():.3f} for the "
                             f"worst feature ({MEANINGS['within public bounds']}).") + "</p>",
     ]
-    story = pictures.class_story(pictures.ClassSummary.from_rows(dp_X, dp_y), epsilon=_epsilon(statement),
-                                 image_shape=image_shape)
+    story = pictures.class_story(summary, epsilon=_epsilon(statement), image_shape=image_shape)
     parts.append(_figure(story, PUBLISHABLE, "Single DP rows and the mean of each class's DP rows: single rows "
                          "hide the data, class means keep what tells the classes apart."))
     parts.append(_figure(pictures.dp_quantile_bands(dp_X, lower, upper), PUBLISHABLE,
@@ -254,7 +255,7 @@ def _dp_rows_section(dp_X, dp_y, lower, upper, statement, image_shape) -> str:
     return _section(PUBLISHABLE, "The DP rows", parts)
 
 
-def _fidelity_section(real_X, real_y, dp_X, names: list[str]) -> str:
+def _fidelity_section(real_X, real_y, dp_X, names: list[str], summary, image_shape) -> str:
     kinds = metrics.feature_kinds(real_X)
     marginal = metrics.marginal_similarity(real_X, dp_X, kinds)
     adherence = metrics.boundary_adherence(real_X, dp_X)
@@ -275,6 +276,12 @@ def _fidelity_section(real_X, real_y, dp_X, names: list[str]) -> str:
         _table(["feature", "kind", "marginal similarity", "boundary adherence"],
                [[names[j], str(kinds[j]), float(marginal[j]), float(adherence[j])] for j in worst]),
     ]
+    if image_shape is not None:  # the publishable picture's DP rows beside real rows of the same classes
+        real = pictures.real_sample(real_X, real_y, list(summary.means())[:10], k=summary.k)
+        parts.append(_figure(pictures.real_rows_beside_dp(summary, real, image_shape), OWNER_ONLY,
+                             "Real rows beside the DP rows: the single DP rows of the publishable picture (left) "
+                             "and real rows of the same classes (right, red). The real rows are private: owner "
+                             "only, never published."))
     informative = _informative(real_X, real_y)
     parts.append(_figure(pictures.marginals(real_X, dp_X, informative, names, marginal), OWNER_ONLY,
                          "Real vs DP distribution of the features that tell the classes apart best (largest "

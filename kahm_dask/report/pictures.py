@@ -2,8 +2,9 @@
 matplotlib Figure (Agg backend: files only, no screen); :func:`png_bytes` renders one.
 
 Which may be published follows from the inputs: :func:`class_story`, :func:`dp_quantile_bands`
-read only DP rows and public bounds; :func:`marginals`, :func:`correlation_heatmaps` and
-:func:`efficacy_bars` show the private rows or scores computed from them (owner only).
+read only DP rows and public bounds; :func:`real_rows_beside_dp`, :func:`marginals`,
+:func:`correlation_heatmaps` and :func:`efficacy_bars` show the private rows or scores computed
+from them (owner only).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 
 import numpy as np
 
-__all__ = ["png_bytes", "image_shape_of", "ClassSummary", "class_story", "dp_quantile_bands", "marginals",
-           "correlation_heatmaps", "efficacy_bars"]
+__all__ = ["png_bytes", "image_shape_of", "ClassSummary", "class_story", "real_sample", "real_rows_beside_dp",
+           "dp_quantile_bands", "marginals", "correlation_heatmaps", "efficacy_bars"]
 
 
 def _pyplot():
@@ -155,6 +156,56 @@ def _story_table(plt, means: dict, classes: list):
     bar.set_label("mean of the DP rows", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     fig.subplots_adjust(top=0.8, bottom=0.2)
+    return fig
+
+
+def real_sample(real: np.ndarray, real_y: np.ndarray, classes: list, k: int = 4, seed: int = 0) -> dict:
+    """label → (≤ k, p) real rows of each of ``classes``, a seeded choice among the class's rows
+    of the (N, p) private rows ``real`` with labels ``real_y`` (N,) (owner only: private rows)."""
+    rng = np.random.default_rng(seed)  # which real rows the owner sees: drawn for the owner only
+    out = {}
+    for c in classes:
+        rows = np.asarray(real[real_y == c], dtype=np.float64)
+        out[c] = rows[np.sort(rng.permutation(len(rows))[:k])]
+    return out
+
+
+def real_rows_beside_dp(summary: ClassSummary, real: dict, image_shape: tuple[int, int]):
+    """The single DP rows of the publishable :func:`class_story` (``summary``: same classes, same
+    rows) beside real rows of the same classes (``real``: label → (k, p) private rows, e.g.
+    :func:`real_sample`), as images of ``image_shape``, each group on its own colour scale.
+    Owner only: it shows private rows; title and caption say so."""
+    plt = _pyplot()
+    classes = [c for c in list(summary.means())[:10] if c in real]
+    k_dp = max(len(summary.samples[c]) for c in classes)
+    k_real = max(len(real[c]) for c in classes)
+    ranges = [np.percentile(np.concatenate([np.ravel(group[c]) for c in classes]), [1, 99])
+              for group in (summary.samples, real)]
+    cols = k_dp + k_real
+    fig, axes = plt.subplots(len(classes), cols, figsize=(0.9 * cols + 2.4, 0.9 * len(classes) + 1.5),
+                             squeeze=False, gridspec_kw={"wspace": 0.08, "hspace": 0.08})
+    shown = [None, None]
+    for i, c in enumerate(classes):
+        for g, (group, start, k, cmap) in enumerate(((summary.samples, 0, k_dp, "gray_r"),
+                                                     (real, k_dp, k_real, "Reds"))):
+            for j in range(min(k, len(group[c]))):
+                shown[g] = axes[i, start + j].imshow(np.reshape(group[c][j], image_shape), cmap=cmap,
+                                                     vmin=ranges[g][0], vmax=ranges[g][1])
+        axes[i, 0].set_ylabel(str(c), rotation=0, labelpad=10, va="center")
+    for ax in axes.ravel():
+        ax.set_xticks([]), ax.set_yticks([])
+    axes[0, 0].set_title("single DP rows (as published)", loc="left", fontsize=8)
+    axes[0, k_dp].set_title("REAL rows: owner only", loc="left", fontsize=8, color="#b03030")
+    fig.suptitle("OWNER ONLY, never publish: real rows beside the DP rows of the same classes", fontsize=10,
+                 x=0.01, ha="left", color="#b03030")
+    fig.subplots_adjust(left=0.07, right=0.78, top=0.88, bottom=0.08)
+    for g, (x, name) in enumerate(((0.81, "DP row"), (0.91, "real row"))):
+        bar = fig.add_axes((x, 0.1, 0.025, 0.76))
+        fig.colorbar(shown[g], cax=bar).ax.tick_params(labelsize=6)
+        bar.set_title(name, fontsize=6)
+    fig.text(0.01, 0.005, f"Left: the {k_dp} DP rows per class of the publishable picture. Right: {k_real} real "
+             "(private) rows of the class. Shows private rows: owner only, never published.",
+             fontsize=7, ha="left", va="bottom", wrap=True)
     return fig
 
 

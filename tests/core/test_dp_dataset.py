@@ -64,6 +64,15 @@ def test_a_fabricated_release_is_the_classifiers_fabrication(digits):
     assert ds.X_raw.min() >= 0 and ds.X_raw.max() <= 16
 
 
+def test_a_record_level_release_draws_at_the_fits_epsilon_per_entry(digits):
+    X, y = digits.X_train[:300], digits.y_train[:300]
+    ds = release_dataset(X, y, epsilon=None, record_epsilon=8.0, bounds=digits.bounds, ledger=PrivacyLedger())
+    clf = KAHMClassifier(record_epsilon=8.0, bounds=digits.bounds, ledger=PrivacyLedger(), n_components=8).fit(X, y)
+    assert 8.0 / 64 < clf.epsilon_ < 8.0  # solved by the accountant, not the record ε itself
+    assert ds.statement.mechanism["epsilon"] == clf.epsilon_ == clf.privacy_statement_.mechanism["epsilon"]
+    assert ds.statement.epsilon_per_record.pld == pytest.approx(8.0, rel=1e-3)  # the target, met
+
+
 def test_tuning_on_the_release_spends_nothing_and_carries_its_statement(digits):
     ds = release_dataset(digits.X_train, digits.y_train, epsilon=2.0, bounds=digits.bounds)
     ledger = ledger_of(digits.X_train)
@@ -88,6 +97,7 @@ def test_released_from_refuses_a_second_release(digits, noisy):
     ({"dp_data": "smoothed"}, "'dp_data' parameter"),
     ({"feature_names": ["a", "b"]}, "feature_names must be 64 distinct names"),
     ({"epsilon": 0.0}, "'epsilon' parameter"),
+    ({"epsilon": None}, "release_dataset needs epsilon"),
 ])
 def test_bad_input_is_refused_before_anything_is_spent(digits, change, match):
     kwargs = {"y": digits.y_train, "epsilon": 2.0, "bounds": digits.bounds, **change}

@@ -4,6 +4,7 @@ same inputs, and bad input refused by name before anything is written."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import html
 import re
@@ -16,7 +17,7 @@ from kahm_dask.datasets import make_class_blobs
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC
 from kahm_dask.privacy.noise import GridLaplace
 from kahm_dask.privacy.statement import PrivacyStatement
-from kahm_dask.report import write_quality_report
+from kahm_dask.report import pictures, write_quality_report
 from kahm_dask.report.html import MEANINGS, OWNER_ONLY, PUBLISHABLE
 
 
@@ -64,9 +65,60 @@ def test_each_section_is_labelled_publishable_only_when_it_reads_no_private_row(
     }
     # every picture is inline, captioned and labelled like its section
     figures = re.findall(r'<figure data-label="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,', page)
-    assert figures == [PUBLISHABLE, PUBLISHABLE, OWNER_ONLY, OWNER_ONLY, OWNER_ONLY]
+    assert figures == [PUBLISHABLE, PUBLISHABLE, OWNER_ONLY, OWNER_ONLY, OWNER_ONLY, OWNER_ONLY]
     assert page.count("<figcaption>") == len(figures) == page.count("<img ")
     assert "src=\"http" not in page and "src=\"file" not in page  # self-contained
+
+
+def _section_pages(page: str) -> dict:
+    """title → (label, the section's HTML) of every section of the page."""
+    return {m.group(2): (m.group(1), m.group(0)) for m in re.finditer(
+        r'<section class="\w+" data-label="([^"]+)"><h2>([^<]+?) <.*?</section>', page, flags=re.S)}
+
+
+def _published(page: str) -> str:
+    return "".join(body for label, body in _section_pages(page).values() if label == PUBLISHABLE)
+
+
+def _owner_only(page: str) -> str:
+    return "".join(body for label, body in _section_pages(page).values() if label == OWNER_ONLY)
+
+
+def test_real_rows_are_shown_owner_only_beside_the_published_dp_rows(report):
+    """The owner-only picture of real rows beside the DP rows is in an owner-only section; no
+    picture of real rows (that one, or the publishable picture drawn from real rows) is in a
+    publishable one."""
+    page = report.read_text(encoding="utf-8")
+    inputs = _inputs()
+    dp = pictures.ClassSummary.from_rows(inputs["dp_X"], inputs["dp_y"])
+    real = pictures.real_sample(inputs["real_X"], inputs["real_y"], list(dp.means()), k=dp.k)
+    beside = _png(pictures.real_rows_beside_dp(dp, real, (4, 4)))
+    published_story = _png(pictures.class_story(dp, epsilon=2.0, image_shape=(4, 4)))
+    real_story = _png(pictures.class_story(pictures.ClassSummary.from_rows(inputs["real_X"], inputs["real_y"]),
+                                           epsilon=2.0, image_shape=(4, 4)))
+    assert beside in _owner_only(page) and beside not in _published(page)
+    assert published_story in _published(page)  # the check sees the pictures it looks for
+    assert real_story not in page
+    assert "Real rows beside the DP rows" in _owner_only(page) and "never published" in _owner_only(page)
+
+
+def test_the_publishable_sections_do_not_change_with_the_private_rows(report, tmp_path):
+    """An attacker who reads only the publishable sections learns nothing of the private rows:
+    other real rows (same count and labels), same DP rows, the same publishable bytes; the
+    owner-only sections (its real rows among them) change."""
+    inputs = _inputs()
+    other = np.random.default_rng(11).uniform(size=inputs["real_X"].shape)
+    again = write_quality_report(tmp_path / "other.html", **{**inputs, "real_X": other})
+    page, other_page = report.read_text(encoding="utf-8"), again.read_text(encoding="utf-8")
+    assert _published(other_page) == _published(page) and len(_published(page)) > 10_000
+    assert _owner_only(other_page) != _owner_only(page)
+    for title, (label, body) in _section_pages(page).items():
+        if label == OWNER_ONLY:
+            assert _section_pages(other_page)[title][1] != body, title
+
+
+def _png(fig) -> str:
+    return base64.b64encode(pictures.png_bytes(fig)).decode("ascii")
 
 
 def test_every_score_is_explained_and_every_statement_field_is_shown(report):

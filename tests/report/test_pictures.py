@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kahm_dask.report.pictures import ClassSummary, class_story
+from kahm_dask.report.pictures import ClassSummary, class_story, real_rows_beside_dp, real_sample
 
 
 def _texts(fig) -> str:
@@ -46,3 +46,20 @@ def test_the_story_of_other_rows_is_a_heatmap_of_the_class_means():
     assert "ε = 1 per entry" in _texts(fig) and "may be published" in _texts(fig)
     (image,) = fig.axes[0].get_images()
     assert np.allclose(image.get_array(), np.vstack([X[:20].mean(0), X[20:].mean(0)]))
+
+
+def test_real_rows_beside_dp_shows_the_published_dp_rows_and_real_rows_of_the_same_classes_owner_only():
+    rng = np.random.default_rng(2)
+    dp, y = rng.normal(size=(60, 64)), np.repeat([0, 1, 2], 20)
+    real_X, real_y = rng.uniform(size=(90, 64)), np.repeat([2, 1, 0], 30)
+    summary = ClassSummary.from_rows(dp, y, k=3)
+    real = real_sample(real_X, real_y, [0, 1, 2], k=2)
+    assert all(len(real[c]) == 2 and any((r == real_X[real_y == c]).all(1).any() for r in real[c]) for c in real)
+    fig = real_rows_beside_dp(summary, real, (8, 8))
+    text = _texts(fig)
+    assert "OWNER ONLY" in text and "never published" in text and "may be published" not in text
+    drawn = [np.ravel(im.get_array()) for ax in fig.axes for im in ax.get_images()]
+    assert len(drawn) == 3 * (3 + 2)
+    expected = [row for c in (0, 1, 2) for row in (*summary.samples[c], *real[c])]
+    assert all(np.array_equal(a, b) for a, b in zip(drawn, expected, strict=True))
+    assert len({im.get_clim() for ax in fig.axes for im in ax.get_images()}) == 2  # DP and real: own scales

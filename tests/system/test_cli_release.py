@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from kahm_dask.cli import main
 from kahm_dask.pipeline.stores.dataset import open_dataset
+from kahm_dask.report.pictures import image_shape_of
 from tests._kit import ledger_of
 
 
@@ -124,6 +125,8 @@ def test_report_is_computed_on_the_owners_side_in_raw_units(stores, tmp_path, on
     fake = types.ModuleType("kahm_dask.report")
     fake.write_quality_report = lambda path, **kwargs: calls.append((path, kwargs))
     monkeypatch.setitem(sys.modules, "kahm_dask.report", fake)
+    monkeypatch.setitem(sys.modules, "kahm_dask.report.pictures",
+                        types.SimpleNamespace(image_shape_of=image_shape_of))
     result = _release(stores, tmp_path / "o.parquet", "--epsilon", "2", "--report", str(tmp_path / "r.html"),
                       "--test-store", str(stores / "t.zarr"))
     assert result.exit_code == 0, result.output
@@ -133,6 +136,7 @@ def test_report_is_computed_on_the_owners_side_in_raw_units(stores, tmp_path, on
     np.testing.assert_array_equal(kw["dp_y"], kw["real_y"])
     assert kw["statement"].mechanism["epsilon"] == 2.0 and kw["feature_names"][:2] == ["x0", "x1"]
     assert np.all(np.asarray(kw["bounds"][1]) == 16.0)
+    assert kw["image_shape"] == (8, 8)  # 64 features: 8 × 8 images
 
 
 def test_a_record_level_release_with_its_quality_report(stores, tmp_path, on_threads):
@@ -146,4 +150,24 @@ def test_a_record_level_release_with_its_quality_report(stores, tmp_path, on_thr
     statement = (tmp_path / "r.parquet.PRIVACY.md").read_text()
     per_entry = float(re.search(r"\| ε per entry \| ([0-9.]+) \|", statement).group(1))
     assert 8 / 64 < per_entry < 8 and "| ε per record (64 features, δ = 1e-05) | 8 |" in statement
-    assert report.stat().st_mode & 0o777 == 0o600 and "Owner only" in report.read_text()
+    page = report.read_text()
+    assert report.stat().st_mode & 0o777 == 0o600 and "Owner only" in page
+    # digits' 64 features are drawn as 8 × 8 images: real rows only in the owner-only fidelity section
+    fidelity = page[page.index('<section class="owner"'):]
+    assert page.index("Real rows beside the DP rows") > page.index('<section class="owner"')
+    assert "Real rows beside the DP rows" in fidelity[:fidelity.index("</section>")]
+
+
+def test_a_record_level_fabricated_release_fabricates_at_the_releases_epsilon(stores, tmp_path, on_threads):
+    """The fabrication's classifier solves its ε per entry where a fit does
+    (``KAHMClassifier._set_entry_epsilon``); it is the release's (else the release stops)."""
+    from kahm_dask.privacy.accounting import entry_epsilon
+
+    out = tmp_path / "f.parquet"
+    result = _release(stores, out, "--record-epsilon", "8", "--dp-data", "fabricated", "--seed", "0")
+    assert result.exit_code == 0, result.output
+    statement = (tmp_path / "f.parquet.PRIVACY.md").read_text()
+    per_entry = float(re.search(r"\| ε per entry \| ([0-9.]+) \|", statement).group(1))
+    assert per_entry == pytest.approx(entry_epsilon(None, 8.0, 64), rel=1e-3) and "fabricated DP rows" in statement
+    frame = _read(out)
+    assert frame.shape == (1257, 65) and frame.drop(columns="label").to_numpy().max() <= 16.0
