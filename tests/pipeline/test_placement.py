@@ -217,3 +217,18 @@ def test_without_homes_the_workers_load_the_same_models(model):
             client.compute(class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200))).result()
             first, second = client.run(_cached_models).values()
     assert first & second
+
+
+def test_a_small_worker_keeps_no_trained_model_in_its_cache(model):
+    # below the plugins' 4 GiB minimum, a worker's memory goes to its training tasks (the 1 GiB
+    # workers of the larger-than-memory run): the models are loaded when a prediction needs them
+    from kahm_dask import DaskKAHMClassifier
+
+    tmp, Q = model
+    train = open_dataset(tmp / "t.zarr")
+    with connect(ClusterConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
+        est = DaskKAHMClassifier(n_components=5, block_size=300, random_state=1, store_dir=tmp / "small")
+        est.fit(train.read_slice(0, train.n_samples), train.labels())
+        assert client.run(_cached_models) == {next(iter(client.run(_cached_models))): set()}
+        est.class_distances(Q)
+        assert len(next(iter(client.run(_cached_models).values()))) == est.n_clusters_
