@@ -8,7 +8,9 @@ charged to the default privacy ledger under that ``HOME``
 documentation. Bash blocks run with ``bash -euo pipefail``, Python blocks as script files (so
 ``if __name__ == "__main__":`` guards work). The whole sequence runs twice in the same ``HOME``
 and directory: re-running the examples (ingest over the existing stores, the same run folder, the
-ledger's spend growing) must work too, and never end in an unexplained refusal.
+ledger's spend growing) must work too, and never end in an unexplained refusal. The default ledger
+is counted around each block: on the second pass a command-line block is charged nothing (its
+commands resume or keep what they made) and a Python block what it was charged the first time.
 
 Blocks of other languages (``console``, ``yaml``, …) are not run. A block that cannot run here
 (an install command, the test suite itself, a remote scheduler, an object store, placeholder
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from kahm_dask.privacy.ledger import LEDGER_DIR_ENV
+from kahm_dask.privacy.ledger import LEDGER_DIR_ENV, LEDGER_FILE, PrivacyLedger
 from tests._kit import REPO
 
 #: the documents whose examples run, in this order
@@ -229,14 +231,18 @@ def _run(block: Block, work: Path, env: dict[str, str], index: int) -> subproces
 def test_the_documented_examples_run_in_order_twice_on_a_fresh_account(tmp_path):
     examples = [b for b in documented_blocks() if b.skip is None]
     work, env = _account(tmp_path)
+    ledgers = tmp_path / "home" / ".local" / "share" / "kahm-dask" / "ledgers"  # default_ledger_dir() there
     logs = tmp_path / "logs"
     logs.mkdir()
     timings: list[str] = []
+    charged: dict[tuple[int, int], int] = {}  # (pass, block) → releases it added to the default ledger
     for attempt in (1, 2):
         for index, block in enumerate(examples):
-            start = time.perf_counter()
+            start, before = time.perf_counter(), _n_releases(ledgers)
             proc = _run(block, work, env, index)
-            timings.append(f"pass {attempt} {block.where}: {time.perf_counter() - start:.1f} s")
+            charged[attempt, index] = _n_releases(ledgers) - before
+            timings.append(f"pass {attempt} {block.where}: {time.perf_counter() - start:.1f} s, "
+                           f"{charged[attempt, index]} release(s) charged")
             (logs / f"{attempt}-{index:02d}.out").write_text(proc.stdout)
             (logs / f"{attempt}-{index:02d}.err").write_text(proc.stderr)
             assert proc.returncode == 0, (
@@ -245,6 +251,18 @@ def test_the_documented_examples_run_in_order_twice_on_a_fresh_account(tmp_path)
                 f"{proc.stdout[-1500:]}")
             for word in ("Traceback", "PrivacyLeakWarning", "ClippingWarning", "BudgetRefusalWarning"):
                 assert word not in proc.stderr, f"pass {attempt}: {block.where}: {word}\n{proc.stderr[-3000:]}"
-    ledgers = tmp_path / "home" / ".local" / "share" / "kahm-dask" / "ledgers"
-    assert ledgers.is_dir() and any(ledgers.iterdir()), "the examples' releases were not charged to the default ledger"
     print("\n".join(timings))
+    assert sum(charged.values()) > 0, "the examples' releases were not charged to the default ledger under HOME"
+    for index, block in enumerate(examples):
+        if block.language == "bash":  # a command run again resumes or keeps what it made: no second charge
+            assert charged[2, index] == 0, f"{block.where}: run again, it was charged again ({charged[2, index]})"
+        else:  # a script fits again: the same releases again, no more
+            assert charged[2, index] == charged[1, index], f"{block.where}: charged {charged[1, index]}, then " \
+                                                           f"{charged[2, index]}"
+
+
+def _n_releases(ledgers: Path) -> int:
+    """The number of releases recorded in the ledger directory ``ledgers`` (0 before it exists)."""
+    if not (ledgers / LEDGER_FILE).is_file():
+        return 0
+    return len(PrivacyLedger(ledgers).entries)
