@@ -227,7 +227,7 @@ def _run(block: Block, work: Path, env: dict[str, str], index: int) -> subproces
     return subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=900, check=False)
 
 
-@pytest.mark.slow  # about 3.5 min (2-core machine, load 3.5): every example of README.md and docs/usage.md, twice
+@pytest.mark.slow  # 118 to 142 s (2 cores, load 1.1 to 3.4): every example of README.md and docs/usage.md, twice
 def test_the_documented_examples_run_in_order_twice_on_a_fresh_account(tmp_path):
     examples = [b for b in documented_blocks() if b.skip is None]
     work, env = _account(tmp_path)
