@@ -48,10 +48,12 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
 
     The release is recorded in the privacy ledger of STORE's rows (the one `train` uses) before
     any noise is drawn. OUT and its statement may be published; anything computed from them
-    (tuning, any model) spends nothing more. OUT must not exist: a release is never overwritten.
+    (tuning, any model) spends nothing more. A release is never overwritten: OUT must not exist,
+    unless it holds the release this same command made of these rows (a rerun: it is kept, and
+    nothing is released or spent).
     """
     from kahm_dask.pipeline.estimator import DaskKAHMClassifier
-    from kahm_dask.pipeline.release import check_release_target, release_store
+    from kahm_dask.pipeline.release import check_release_target, earlier_release, release_store
     from kahm_dask.pipeline.stores.dataset import open_dataset
     from kahm_dask.privacy.bounds import public_bounds
 
@@ -64,13 +66,17 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
     try:
         with interruptible("release"):
             params = estimator_params(options)
-            check_release_target(out, fmt)
             ds = open_dataset(store)
             if params["bounds"] is not None:
                 params["bounds"] = public_bounds(params["bounds"], ds.n_features)
             estimator = DaskKAHMClassifier(**params)
             check_as_options(estimator, params["budget"])
             settings = estimator.train_settings(budget=params["budget"]).for_features(ds.n_features)
+            earlier = earlier_release(ds, out, settings) if isinstance(out, Path) else None
+            if earlier is not None:
+                _say_released_before(out, earlier, report)
+                return
+            check_release_target(out, fmt)
             with session.connect(cluster_cfg(scheduler, cluster_config, n_workers, memory_limit,
                                              dashboard_address)) as client:
                 echo_dashboard(client)
@@ -83,6 +89,19 @@ def release(store, out, fmt, report, test_store, scheduler, cluster_config, n_wo
     shown = ("release", "statement", "release_id", "dp_data", "format", "n_rows", "n_features", "ledger_path")
     click.echo(json.dumps({k: summary[k] for k in shown}, indent=2))
     click.echo(f"done in {time.perf_counter() - t0:.1f} s", err=True)
+
+
+def _say_released_before(out: Path, earlier: dict, report: Path | None) -> None:
+    """A rerun: ``out`` already holds this release of these rows (``earlier``, as the store
+    remembers it). Nothing is released, spent or written; say so, and print its summary."""
+    click.echo(f"{out} already holds DP release {earlier['release_id']} of these rows (ε = {earlier['epsilon']:g}, "
+               f"δ = {earlier['delta']:g}, {earlier['time']}), made by this command: nothing new is released or "
+               "spent. A new release needs another OUT (and is charged again).", err=True)
+    if report is not None and not report.exists():
+        click.echo(f"--report: {report} is not written (it is made with a new release only).", err=True)
+    click.echo(json.dumps({"release": str(out), "statement": str(out) + ".PRIVACY.md",
+                           "release_id": earlier["release_id"], "ledger_path": earlier.get("ledger"),
+                           "released_before": earlier["time"]}, indent=2))
 
 
 def _write_report(path: Path, ds, test, out: Path, fmt: str, summary: dict) -> None:

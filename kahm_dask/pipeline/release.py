@@ -36,7 +36,8 @@ from kahm_dask.pipeline.training.release import begin_store_release, noisy_array
 from kahm_dask.pipeline.training.settings import TrainSettings
 from kahm_dask.privacy.randomness import as_noise_source
 
-__all__ = ["FORMATS", "statement_path", "check_release_target", "release_store", "to_raw_units", "read_release"]
+__all__ = ["FORMATS", "statement_path", "check_release_target", "earlier_release", "release_store", "to_raw_units",
+           "read_release"]
 
 #: What ``kahm-dask release`` writes.
 FORMATS = ("parquet", "csv", "zarr")
@@ -61,6 +62,30 @@ def check_release_target(out, fmt: str) -> Path:
     if not out.parent.is_dir():
         raise FileNotFoundError(f"{out.parent} is not a folder; create it first.")
     return out
+
+
+def earlier_release(store: DatasetStore, out: Path, settings: TrainSettings) -> dict | None:
+    """The release this command already wrote to ``out``, as ``store`` remembers it (a dict of
+    ``release_id``, ``epsilon``, ``delta``, ``time``, ``what``, ``ledger``), or None.
+
+    A rerun of ``kahm-dask release``: ``out`` and its statement exist, the statement's release
+    id is one that ``store`` remembers as written to ``out`` with the same ``dp_data``, ε (per
+    entry) and δ as ``settings`` (solved for ``store``'s features). Anything else is None, and
+    :func:`check_release_target` then refuses ``out`` (a release is never overwritten)."""
+    statement = statement_path(out)
+    if not (out.exists() and statement.is_file()):
+        return None
+    first = statement.read_text(encoding="utf-8").split("\n", 1)[0]
+    if not first.startswith("# DP release "):
+        return None
+    release_id = first.removeprefix("# DP release ").strip()
+    for entry in store.releases:
+        what = str(entry.get("what", ""))
+        if (entry.get("release_id") == release_id and what.startswith(f"{settings.params.dp_data} DP data set")
+                and what.endswith(f"written to {out}") and entry.get("epsilon") == settings.params.epsilon
+                and entry.get("delta") == settings.delta):
+            return entry
+    return None
 
 
 def release_store(store: DatasetStore, out: Path, settings: TrainSettings, *, fmt: str = "parquet",

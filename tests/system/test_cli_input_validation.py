@@ -180,7 +180,8 @@ CLI_OTHER = {
     "ingest: nan csv": (lambda t: ["ingest", _csv(t, "1,2,3\n4,nan,0\n"), t / "n.zarr"],
                         r"non-finite value at row 1, column 1.*impute"),
     "ingest: missing file": (lambda t: ["ingest", t / "nope.csv", t / "n.zarr"], r"Source file not found"),
-    "ingest: existing store": (lambda t: ["ingest", "sklearn:iris", t / "s.zarr"], r"already exists; add --overwrite"),
+    "ingest: existing store": (lambda t: ["ingest", "sklearn:iris", t / "s.zarr"],
+                               r"s.zarr already exists and holds other rows .*; add --overwrite"),
     "ingest: unknown bundled set": (lambda t: ["ingest", "sklearn:mnist", t / "n.zarr"],
                                     r"Unknown bundled dataset 'sklearn:mnist'"),
     "predict: not a model": (lambda t: ["predict", t / "s.zarr", t / "s.zarr", t / "p.zarr"],
@@ -201,6 +202,29 @@ def test_cli_rejects(make_args, pattern, stores, no_cluster):
     assert result.exit_code == 1, result.output
     assert re.search(pattern, result.output, re.S), result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one store", "with a test store"])
+def test_cli_ingest_again_keeps_identical_stores_and_refuses_others(tmp_path, no_cluster, split):
+    """Issue 38 (the documented examples, twice): the same ingest again keeps the existing stores
+    as they are (their creation time, their remembered releases), says so and exits 0; other rows
+    or settings on an existing store are refused, naming --overwrite, and leave it unchanged."""
+    args = ["ingest", "sklearn:wine", tmp_path / "train.zarr"]
+    if split:
+        args += ["--test-store", tmp_path / "test.zarr", "--bounds", "0", "2000", "--scale", "minmax"]
+    assert _invoke(*args).exit_code == 0
+    before = open_dataset(tmp_path / "train.zarr").attrs
+    again = _invoke(*args)
+    assert again.exit_code == 0, again.output
+    assert again.output.count("unchanged (it already holds these rows") == (2 if split else 1), again.output
+    assert open_dataset(tmp_path / "train.zarr").attrs == before  # not rewritten: same "created"
+    other = (args[:-5] + ["--bounds", "0", "1000", "--scale", "minmax"]) if split else ["ingest", "sklearn:iris",
+                                                                                       tmp_path / "train.zarr"]
+    refused = _invoke(*other)
+    assert refused.exit_code == 1 and re.search(r"train.zarr already exists and holds other rows .*--overwrite",
+                                                refused.output), refused.output
+    assert open_dataset(tmp_path / "train.zarr").attrs == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["test.zarr", "train.zarr"] if split else ["train.zarr"])
 
 
 def test_cli_predict_feature_count_mismatch(stores, monkeypatch):

@@ -103,6 +103,29 @@ def test_an_existing_output_is_refused_before_the_release(stores, tmp_path, on_t
     _assert_refused(result, r"p.csv.PRIVACY.md exists", stores, tmp_path, keep=2)
 
 
+def test_the_same_release_again_keeps_it_and_spends_nothing(stores, tmp_path, on_threads):
+    """Issue 38 (the documented examples, twice): rerunning the same command keeps the release it
+    made, says so, exits 0 and spends nothing; another ε on the same OUT is refused as before."""
+    out = tmp_path / "o.parquet"
+    assert _release(stores, out, "--epsilon", "2").exit_code == 0
+    first, statement = _read(out), (tmp_path / "o.parquet.PRIVACY.md").read_text()
+    (entry,) = ledger_of(open_dataset(stores / "d.zarr")).entries
+    again = _release(stores, out, "--epsilon", "2", "--report", str(tmp_path / "q.html"), "--test-store",
+                     str(stores / "t.zarr"))
+    assert again.exit_code == 0, again.output
+    assert re.search(r"o.parquet already holds DP release [0-9a-f]{32} of these rows \(ε = 2, δ = 0, .*nothing new "
+                     r"is released or spent", again.output), again.output
+    assert "q.html is not written" in again.output
+    assert ledger_of(open_dataset(stores / "d.zarr")).entries == [entry]
+    pd.testing.assert_frame_equal(_read(out), first)
+    assert (tmp_path / "o.parquet.PRIVACY.md").read_text() == statement
+    for other in (["--epsilon", "1"], ["--epsilon", "2", "--dp-data", "fabricated"]):
+        result = _release(stores, out, *other)
+        assert result.exit_code == 1 and "a release is never overwritten" in result.output, result.output
+    assert ledger_of(open_dataset(stores / "d.zarr")).entries == [entry]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet", "o.parquet.PRIVACY.md"]
+
+
 def test_an_unknown_store_is_refused(stores, tmp_path, on_threads):
     result = CliRunner().invoke(main, ["release", str(tmp_path / "no.zarr"), str(tmp_path / "o"), "--epsilon", "2"])
     assert result.exit_code == 2 and "does not exist" in result.output

@@ -40,7 +40,8 @@ def test_predict_refuses_to_replace_a_file_that_is_not_a_prediction_store(tmp_pa
 
 def test_ingest_onto_an_existing_store_names_the_flag(tmp_path):
     assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr").exit_code == 0
-    for extra in ([], ["--bounds", "0", "10", "--scale", "minmax"]):
+    # the same ingest again keeps the store (tests/system/test_cli_input_validation.py); other rows are refused
+    for extra in (["--dtype", "float32"], ["--bounds", "0", "10", "--scale", "minmax"]):
         result = _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", *extra)
         assert result.exit_code == 1 and "add --overwrite" in result.output and "overwrite=True" not in result.output
     assert _invoke("ingest", "sklearn:iris", tmp_path / "s.zarr", "--overwrite").exit_code == 0

@@ -169,7 +169,10 @@ class IgnoreInterrupts(WorkerPlugin):
     worker; it turns the worker's logging off (:func:`quiet_after_interrupt`). The client
     process alone handles the interrupt (one line) and closes the cluster, and the log lines
     that closing causes (heartbeats to a scheduler that is gone, tasks cancelled) stay off the
-    console.
+    console. A normal close can cause one too: a heartbeat in flight when the closing worker
+    shuts its connections logs an ERROR with three tracebacks (distributed's
+    ``Worker.heartbeat``; seen under load at the end of ``kahm-dask train``); the plugin drops
+    that record while its worker is closing (:class:`_HeartbeatWhileClosing`).
     """
 
     name = "kahm-dask-ignore-interrupts"
@@ -180,6 +183,29 @@ class IgnoreInterrupts(WorkerPlugin):
 
         if threading.current_thread() is threading.main_thread():  # signals are set there only
             signal.signal(signal.SIGINT, quiet_after_interrupt)
+        logging.getLogger("distributed.worker").addFilter(_HeartbeatWhileClosing(worker))
+
+
+class _HeartbeatWhileClosing(logging.Filter):
+    """Drops distributed's "Failed to communicate with scheduler during heartbeat." record once
+    ``worker`` is closing or closed (its connections are being shut on purpose); the same record
+    while the worker runs is kept. Holds the worker weakly."""
+
+    MESSAGE = "Failed to communicate with scheduler during heartbeat"
+
+    def __init__(self, worker: Any) -> None:
+        import weakref
+
+        super().__init__()
+        self._worker = weakref.ref(worker)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from distributed.core import Status
+
+        if not record.getMessage().startswith(self.MESSAGE):
+            return True
+        worker = self._worker()
+        return worker is not None and worker.status not in (Status.closing, Status.closing_gracefully, Status.closed)
 
 
 def quiet_after_interrupt(signum: int, frame: Any) -> None:

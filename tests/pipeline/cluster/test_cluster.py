@@ -492,3 +492,25 @@ def test_build_cluster_names_the_missing_extra(monkeypatch, name, module, extra)
 def test_build_cluster_rejects_remote_specs():
     with pytest.raises(ValueError, match="no cluster to build"):
         build_cluster(RemoteSpec(address="tcp://127.0.0.1:8786"))
+
+
+def test_a_heartbeat_failure_is_dropped_only_while_its_worker_closes():
+    """The ERROR (with tracebacks) distributed logs when a heartbeat meets the connections a
+    closing worker shuts is not shown; the same failure of a running worker, and any other record, are."""
+    from distributed.core import Status
+
+    from kahm_dask.pipeline.cluster.plugins import _HeartbeatWhileClosing
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, None, None)
+
+    class Worker:  # a stand-in with a worker's status (and a weak reference, as a worker has)
+        status = Status.running
+
+    worker = Worker()
+    quiet = _HeartbeatWhileClosing(worker)
+    heartbeat = record("Failed to communicate with scheduler during heartbeat.")
+    assert quiet.filter(heartbeat) and quiet.filter(record("Unexpected exception during heartbeat."))
+    for status in (Status.closing, Status.closing_gracefully, Status.closed):
+        worker.status = status
+        assert not quiet.filter(heartbeat) and quiet.filter(record("Compute Failed"))
