@@ -20,7 +20,7 @@ in-memory of that same run. The client's BLAS is left as a user leaves it
 (the in-memory estimator limits it to one thread per job itself; the workers' to one per Dask
 thread); the load average before each run is recorded.
 
-    python -m benchmarks.bench_user_path [--baseline-root /path/to/old/checkout] [--repeats 2]
+    python -m benchmarks.bench_user_path [--baseline-root /path/to/old/checkout] [--repeats 2] [--report]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from benchmarks._harness import (
     ROOT,
     baseline_command,
     baseline_commit,
+    dask_report,
     load_mnist,
     machine_facts,
     markdown_table,
@@ -48,8 +50,9 @@ from benchmarks._harness import (
 PARAMS = {"n_components": 20, "block_size": 1000, "random_state": 0}
 
 
-def run_snippet() -> dict:
-    """The user's script above, timed call by call (in this process)."""
+def run_snippet(report: str | None = None) -> dict:
+    """The user's script above, timed call by call (in this process); with ``report``, the Dask
+    fit and prediction inside Dask's ``performance_report`` (``benchmarks/results/reports/<report>.html``)."""
     import dask.array as da
     from distributed import Client
 
@@ -61,12 +64,13 @@ def run_snippet() -> dict:
             Client(n_workers=2, threads_per_worker=1, dashboard_address=None):
         Xd = da.from_array(Xtr, chunks=(4096, -1))
         Xq = da.from_array(Xte, chunks=(2048, -1))
-        t0 = time.perf_counter()
-        d = DaskKAHMClassifier(**PARAMS, store_dir=tmp).fit(Xd, ytr)
-        out["dask_fit_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        pred_d = d.predict(Xq).compute()
-        out["dask_predict_s"] = time.perf_counter() - t0
+        with dask_report(report) if report else nullcontext():
+            t0 = time.perf_counter()
+            d = DaskKAHMClassifier(**PARAMS, store_dir=tmp).fit(Xd, ytr)
+            out["dask_fit_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            pred_d = d.predict(Xq).compute()
+            out["dask_predict_s"] = time.perf_counter() - t0
         # not the snippet: the same again on the same client (its workers have the code loaded)
         t0 = time.perf_counter()
         again = DaskKAHMClassifier(**PARAMS, store_dir=f"{tmp}/again").fit(Xd, ytr)
@@ -86,8 +90,8 @@ def run_snippet() -> dict:
     return out
 
 
-def _measure(tree: str, baseline_root: str | None) -> dict:
-    flags = ["--one-run"]
+def _measure(tree: str, baseline_root: str | None, report: str | None = None) -> dict:
+    flags = ["--one-run", *(["--report-name", report] if report else [])]
     command = ([sys.executable, "-m", "benchmarks.bench_user_path", *flags] if baseline_root is None
                else baseline_command("bench_user_path", baseline_root, flags))
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT if baseline_root is None else "/",
@@ -100,10 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-root", help="checkout of the code before this round")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--name", default="user_path")
+    parser.add_argument("--report", action="store_true",
+                        help="one more run of today's code inside Dask's performance_report (not in the table)")
     parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--report-name", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_run:
-        print(json.dumps(run_snippet()), flush=True)
+        print(json.dumps(run_snippet(args.report_name)), flush=True)
         return
     load_mnist()  # fetched once, before the clock
     facts = machine_facts(blas=1)
@@ -121,6 +128,13 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             runs.append({"repeat": repeat, **_measure(tree, root)})
             print(runs[-1], flush=True)
+    sections = []
+    if args.report:
+        traced = _measure("today", None, report=args.name)
+        sections.append(("Dask's performance report", f"One more run of today's code, its Dask fit and prediction "
+                         f"inside `performance_report` (not in the table: the report's sampling costs time): fit "
+                         f"{traced['dask_fit_s']:.2f} s, predict {traced['dask_predict_s']:.2f} s; "
+                         f"[reports/{args.name}.html](reports/{args.name}.html)."))
     rows = [[r["tree"], r["repeat"], f"{r['load_before']:.2f}", f"{r['dask_fit_s']:.2f}", f"{r['mem_fit_s']:.2f}",
              f"{r['dask_fit_s'] / r['mem_fit_s']:.2f}", f"{r['dask_predict_s']:.2f}", f"{r['mem_predict_s']:.2f}",
              f"{r['dask_predict_s'] / r['mem_predict_s']:.2f}", f"{r['agreement']:.4f}", f"{r['accuracy']:.4f}",
@@ -130,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
                             "Dask predict s", "in-memory predict s", "predict ratio", "agreement", "accuracy",
                             "fit again ratio (not the snippet)", "predict again ratio (not the snippet)"], rows)
     write_report(args.name, "The Dask estimator on the user's path against the in-memory estimator (MNIST)", facts,
-                 [("Results", table), ("Raw results", f"```\n{runs}\n```")])
+                 [("Results", table), *sections, ("Raw results", f"```\n{runs}\n```")])
 
 
 if __name__ == "__main__":
