@@ -18,6 +18,12 @@ layers kept apart, no low-level fusion) does not hold: Dask optimises a graph la
 materialised, on the distributed scheduler, in the scheduler's process and under its own
 configuration, so a setting around the client's call does not reach a scheduler in another
 process (there, every home was fused away).
+
+A lazy result handed to the user is a :class:`PlacedArray`: a dask array whose own graph
+optimisation only culls, so ``.compute()``, ``dask.compute`` and ``client.compute`` with their
+defaults keep the homes (measured with distributed 2026.8: a plain dask array computed with its
+defaults lost every home, and each worker loaded every model). An array derived from it
+(``D[:10]``, ``D + 1``) is a plain dask array again: the same values, the homes left to Dask.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ from contextlib import nullcontext
 from typing import Any
 
 import dask
+import dask.array as da
+from dask.core import flatten
 
-__all__ = ["model_homes", "placed", "worker_addresses"]
+__all__ = ["model_homes", "placed", "worker_addresses", "PlacedArray", "as_placed"]
 
 
 def model_homes(rows: Sequence[int], workers: Sequence[str]) -> list[str]:
@@ -65,3 +73,27 @@ def worker_addresses(client: Any) -> list[str] | None:
         return None
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     return workers or None
+
+
+def _cull_only(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """The graph optimisation of :class:`PlacedArray`: the tasks the keys need, as built (no
+    fusion, which would drop the layers' worker annotations)."""
+    return dsk.cull(set(flatten(keys)))
+
+
+class PlacedArray(da.Array):
+    """A dask array computed as built: its graph is only culled, never fused, so the worker
+    annotations of its layers (each cluster model's home) hold however it is computed.
+
+    >>> import numpy as np
+    >>> D = as_placed(da.from_array(np.arange(6.0).reshape(3, 2), chunks=2))
+    >>> type(D).__name__, D.sum().compute()
+    ('PlacedArray', np.float64(15.0))
+    """
+
+    __dask_optimize__ = staticmethod(_cull_only)
+
+
+def as_placed(array: da.Array) -> PlacedArray:
+    """``array`` (same graph, name, chunks and meta) as a :class:`PlacedArray`."""
+    return PlacedArray(array.dask, array.name, array.chunks, meta=array._meta)

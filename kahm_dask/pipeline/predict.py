@@ -21,7 +21,7 @@ from kahm_dask._validation import check_finite_rows
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
-from kahm_dask.pipeline.placement import model_homes, placed, worker_addresses
+from kahm_dask.pipeline.placement import PlacedArray, as_placed, model_homes, placed, worker_addresses
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cached_centre, cached_cluster, cluster_location
 from kahm_dask.routing import routed_minimum
@@ -31,14 +31,6 @@ __all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES
 
 PREDICTIONS = "predictions"
 DISTANCES = "class_distances"
-
-
-def _cluster_block(x: np.ndarray, path: Location, eval_dtype: str = "float64") -> np.ndarray:
-    """Γ (m,) of the rows of one block (m, p) under one cluster's DeepKAHM (Definition 4), with
-    its kernel blocks in ``eval_dtype`` (docs/algorithm.md#evaluation-precision), one BLAS
-    thread (:func:`_cluster_distances`)."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _cluster_distances(x, path, eval_dtype)
 
 
 def _cluster_distances(x: np.ndarray, path: Location, eval_dtype: str) -> np.ndarray:
@@ -91,16 +83,40 @@ def _routed_class_block(
 
 
 def _minimum_of(columns: list[da.Array]) -> da.Array:
-    """The elementwise minimum (m,) of (m,) arrays of the same chunks: one task per row chunk
+    """The elementwise minimum of arrays of the same shape and chunks: one task per row chunk
     taking every array's block, so that no array's tasks are fused into it (they keep their
     homes, :mod:`kahm_dask.pipeline.placement`)."""
     if len(columns) == 1:
         return columns[0]
-    return da.map_blocks(_elementwise_minimum, *columns, dtype=np.float64, meta=np.empty((0,)))
+    return da.map_blocks(_elementwise_minimum, *columns, dtype=np.float64, meta=np.empty((0,) * columns[0].ndim))
 
 
 def _elementwise_minimum(*blocks: np.ndarray) -> np.ndarray:
     return np.minimum.reduce(blocks)
+
+
+def _home_block(x: np.ndarray, clusters: Sequence[tuple[int, Location]], n_classes: int,
+                eval_dtype: str = "float64") -> np.ndarray:
+    """(m, C) per-class minimum of Γ over the ``clusters`` (class index, path) that one worker is
+    home to, for the rows of ``x`` (m, p); inf for a class with no cluster among them. One task
+    per (row chunk, home): the minimum over the homes' blocks is the class distance."""
+    out = np.full((x.shape[0], n_classes), np.inf)
+    with threadpool_limits(limits=1, user_api="blas"):
+        for c, path in clusters:
+            np.minimum(out[:, c], _cluster_distances(x, path, eval_dtype), out=out[:, c])
+    return out
+
+
+def _with_columns(*blocks: np.ndarray, positions: tuple[int, ...], n_classes: int) -> np.ndarray:
+    """(m, C) of the ``blocks``: first, optionally, the (m, C) block of the classes evaluated in
+    full (:func:`_home_block`; without it every other column is inf), then the (m,) columns of the
+    routed classes, put at their class indices ``positions``."""
+    grouped = blocks[0] if blocks[0].ndim == 2 else None
+    columns = blocks if grouped is None else blocks[1:]
+    out = np.full((len(columns[0]), n_classes), np.inf) if grouped is None else grouped.copy()
+    for column, c in zip(columns, positions, strict=True):
+        out[:, c] = column
+    return out
 
 
 def class_distance_array(
@@ -111,23 +127,28 @@ def class_distance_array(
     eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
     workers: Sequence[str] | None = None,
-) -> da.Array:
+    trained_on: Mapping[tuple[int, int], str | None] | None = None,
+) -> PlacedArray:
     """Lazy (m, C) per-class distances ``min_s Γ_{D_{c,s}}`` for the rows of ``X`` (m, p).
 
     ``model_path`` is a path or a URL read with fsspec ``storage_options`` (the tasks get the
     URL and the options, and open the cluster models themselves). ``n_probe`` routes
     (docs/algorithm.md#routing): per class, each row is evaluated on the ``n_probe`` clusters
     whose centres are nearest to it and the minimum is over those; None or ``n_probe ≥`` a
-    class's clusters evaluates all of them (one distance block per cluster). ``eval_dtype``: the
-    precision of the kernel blocks in the tasks, "float64" or "float32"
-    (docs/algorithm.md#evaluation-precision); the distances are float64 either way.
+    class's clusters evaluates all of them. ``eval_dtype``: the precision of the kernel blocks
+    in the tasks, "float64" or "float32" (docs/algorithm.md#evaluation-precision); the
+    distances are float64 either way.
 
     ``workers``: the addresses of the Dask workers that will compute the array. Each cluster
-    model then has a home among them (:func:`~kahm_dask.pipeline.placement.model_homes`, by
-    rows) and its distance tasks prefer it, so each model is loaded by one worker and stays in
-    its cache; a routed class gets one task per home of its clusters and row chunk, reduced by a
-    minimum. None: the scheduler places every task (each worker may load every model). The
-    values are the same either way.
+    model then has a home among them and its tasks prefer it, so each model is loaded by one
+    worker and stays in its cache: the worker that trained it, where ``trained_on`` maps every
+    (class code, cluster) to a worker among ``workers`` (the fit leaves the model in that
+    worker's cache), else :func:`~kahm_dask.pipeline.placement.model_homes` (by rows). The
+    clusters evaluated in full make one task per (row chunk, home) (:func:`_home_block`); a
+    routed class one per (row chunk, home of its clusters); the homes' blocks are reduced by a
+    minimum. None: one task per row chunk, placed by the scheduler. The values are the same
+    either way. The result is a :class:`~kahm_dask.pipeline.placement.PlacedArray`: computed as
+    built, so the homes hold also when the caller computes it.
     """
     check_eval_dtype(eval_dtype, "class_distance_array")
     model_path = as_location(model_path, storage_options)
@@ -138,34 +159,56 @@ def class_distance_array(
         )
     X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
     entries = sorted(manifest["clusters"], key=lambda e: (e["class"], e["cluster"]))
-    homes = model_homes([e["n_rows"] for e in entries], list(workers)) if workers else [None] * len(entries)
+    homes = _homes(entries, workers, trained_on)
+    n_classes = len(manifest["classes"])
     paths: dict[int, list[Location]] = {}
     home_of: dict[int, list[str | None]] = {}
     for entry, home in zip(entries, homes, strict=True):
         paths.setdefault(entry["class"], []).append(cluster_location(model_path, entry["class"], entry["cluster"]))
         home_of.setdefault(entry["class"], []).append(home)
-    columns = []
+    routed = [c for c, class_paths in sorted(paths.items()) if n_probe is not None and n_probe < len(class_paths)]
+    by_home: dict[str | None, list[tuple[int, Location]]] = {}
     for c, class_paths in sorted(paths.items()):
-        if n_probe is not None and n_probe < len(class_paths):
-            parts = []
-            for home in sorted(set(home_of[c]), key=str):
-                here = None if home is None else tuple(s for s, h in enumerate(home_of[c]) if h == home)
-                with placed(home):
-                    parts.append(X.map_blocks(_routed_class_block, class_paths, n_probe, eval_dtype, here,
-                                              drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
-                                              token=f"kahm-routed-c{c}"))
-            columns.append(_minimum_of(parts))
-            continue
-        # meta given: otherwise dask calls _cluster_block on an empty block to infer it, which
-        # loads every cluster model in the client while the graph is built
-        blocks = []
-        for s, (path, home) in enumerate(zip(class_paths, home_of[c], strict=True)):
+        if c not in routed:
+            for path, home in zip(class_paths, home_of[c], strict=True):
+                by_home.setdefault(home, []).append((c, path))
+    blocks = []
+    for home, clusters in sorted(by_home.items(), key=lambda item: str(item[0])):
+        with placed(home):
+            blocks.append(X.map_blocks(_home_block, clusters, n_classes, eval_dtype, dtype=np.float64,
+                                       chunks=(X.chunks[0], (n_classes,)), meta=np.empty((0, 0)), token="kahm-home"))
+    grouped = _minimum_of(blocks) if blocks else None
+    if not routed:
+        return as_placed(grouped)
+    columns = []
+    for c in routed:
+        parts = []
+        for home in sorted(set(home_of[c]), key=str):
+            here = None if home is None else tuple(s for s, h in enumerate(home_of[c]) if h == home)
             with placed(home):
-                blocks.append(X.map_blocks(_cluster_block, path, eval_dtype, drop_axis=1, dtype=np.float64,
-                                           meta=np.empty((0,)), token=f"kahm-dist-c{c}-s{s}"))
-        columns.append(_minimum_of(blocks))
-    # one chunk across classes, so every Zarr chunk is written by exactly one task
-    return da.stack(columns, axis=1).rechunk({1: -1})
+                parts.append(X.map_blocks(_routed_class_block, paths[c], n_probe, eval_dtype, here,
+                                          drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
+                                          token=f"kahm-routed-c{c}"))
+        columns.append(_minimum_of(parts))
+    pairs = ([grouped, "ij"] if grouped is not None else []) + [a for column in columns for a in (column, "i")]
+    D = da.blockwise(_with_columns, "ij", *pairs, positions=tuple(routed), n_classes=n_classes, dtype=np.float64,
+                     meta=np.empty((0, 0)), concatenate=True,
+                     **({} if grouped is not None else {"new_axes": {"j": n_classes}}))
+    return as_placed(D)
+
+
+def _homes(entries: list[dict], workers: Sequence[str] | None,
+           trained_on: Mapping[tuple[int, int], str | None] | None) -> list[str | None]:
+    """The home worker of each cluster ``entries[i]`` (class code, cluster, rows): the worker
+    that trained it when ``trained_on`` names one among ``workers`` for every cluster, else
+    :func:`~kahm_dask.pipeline.placement.model_homes`; None for each without ``workers``."""
+    if not workers:
+        return [None] * len(entries)
+    if trained_on is not None:
+        found = [trained_on.get((e["class"], e["cluster"])) for e in entries]
+        if all(home in workers for home in found):
+            return found
+    return model_homes([e["n_rows"] for e in entries], list(workers))
 
 
 #: Attribute that marks a Zarr group as a prediction store (a later prediction may replace it).
@@ -195,14 +238,15 @@ def predict_to_store(
     n_probe: int | None = None,
     eval_dtype: str = "float64",
     storage_options: Mapping[str, Any] | None = None,
+    trained_on: Mapping[tuple[int, int], str | None] | None = None,
 ) -> zarr.Group:
     """Compute distances (m, C) and predicted class codes (m,) into the Zarr group ``out_path``.
 
     ``out_path`` must be free or hold earlier predictions (a prediction store is replaced, any
     other file or folder is refused before anything runs).
     Runs on ``client`` if given (with a progress bar if ``progress``), else on the default
-    scheduler; ``n_probe`` routes and ``eval_dtype`` sets the precision as in
-    :func:`class_distance_array`. Written under a temporary
+    scheduler; ``n_probe`` routes, ``eval_dtype`` sets the precision and ``trained_on`` names
+    the workers that trained the models as in :func:`class_distance_array`. Written under a temporary
     name and renamed into place when complete
     (:func:`kahm_dask.storage.atomic.atomic_directory`): a failed job leaves the previous predictions
     untouched (on an object store: written in place, marker last,
@@ -214,7 +258,7 @@ def predict_to_store(
     out = as_location(out_path, storage_options)
     check_prediction_target(out)
     D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype,
-                             workers=worker_addresses(client))
+                             workers=worker_addresses(client), trained_on=trained_on)
     codes = D.argmin(axis=1).astype(np.int64)
     with committed_directory(out) as tmp:
         group = zarr.open_group(tmp.zarr_store(), mode="w", zarr_format=3)

@@ -7,8 +7,12 @@ chosen by its rows, and a prediction on a client evaluates each model on its hom
 * on 2 worker processes (work stealing off, so that the scheduler follows the preference
   alone), with the scheduler in this process (a LocalCluster) and in a process of its own (which
   optimises a graph under its own configuration): each model is loaded by its home worker only,
-  exhaustive and routed, with the same distances as without a client (also for a lazy result
-  computed under Dask's default fusion); the control: without homes both workers load the models.
+  exhaustive and routed, with the same distances as without a client; a lazy result the caller
+  computes with Dask's defaults keeps the homes too (a PlacedArray); the control: without homes
+  both workers load the models;
+* a DaskKAHMClassifier fitted on worker processes leaves each model in the cache of the worker
+  that trained it, and its first prediction loads none, with the distances of models read back
+  from the store.
 """
 
 from __future__ import annotations
@@ -69,18 +73,43 @@ def model(tmp_path_factory):
 
 
 def test_every_distance_task_prefers_its_models_home(model):
+    """One layer per home worker, annotated with it, whose tasks evaluate exactly the models that
+    worker is home to (by rows, or where they were trained when that is known)."""
     tmp, Q = model
     entries = sorted(read_manifest(tmp / "m.zarr")["clusters"], key=lambda e: (e["class"], e["cluster"]))
     workers = ["tcp://w0:1", "tcp://w1:1"]
-    homes = {(e["class"], e["cluster"]): h for e, h in zip(entries, model_homes([e["n_rows"] for e in entries],
-                                                                               workers), strict=True)}
-    D = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), workers=workers)
-    seen = {}
-    for name, layer in D.__dask_graph__().layers.items():
-        if name.startswith("kahm-dist-"):
-            c, s = (int(part[1:]) for part in name.split("-")[2:4])
-            seen[(c, s)] = layer.annotations
-    assert seen == {key: {"workers": [home], "allow_other_workers": True} for key, home in homes.items()}
+    by_rows = model_homes([e["n_rows"] for e in entries], workers)
+    trained = [workers[i % 2] for i in range(len(entries))]  # another assignment than by rows
+    assert trained != by_rows
+    for trained_on, homes in ((None, by_rows), ({(e["class"], e["cluster"]): h for e, h in
+                                                 zip(entries, trained, strict=True)}, trained)):
+        D = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), workers=workers, trained_on=trained_on)
+        seen = {}
+        for name, layer in D.__dask_graph__().layers.items():
+            if name.startswith("kahm-home-"):
+                (home,) = layer.annotations["workers"]
+                seen[home] = layer.annotations
+                assert layer.annotations["allow_other_workers"] is True
+        assert sorted(seen) == workers
+        expected = {w: {str(cluster_location(tmp / "m.zarr", e["class"], e["cluster"]))
+                        for e, h in zip(entries, homes, strict=True) if h == w} for w in workers}
+        assert _evaluated_by_home(D) == expected
+
+
+def _evaluated_by_home(D) -> dict[str, set[str]]:
+    """Home worker → the cluster paths its ``kahm-home`` tasks of ``D`` evaluate."""
+    from kahm_dask.pipeline.predict import _home_block
+
+    found: dict[str, set[str]] = {}
+    graph = D.__dask_graph__()
+    for name, layer in graph.layers.items():
+        if name.startswith("kahm-home-"):
+            (home,) = layer.annotations["workers"]
+            for task in layer.values():
+                args = [a.value if hasattr(a, "value") else a for a in task.args]
+                assert task.func is _home_block
+                found.setdefault(home, set()).update(str(path) for _, path in args[1])
+    return found
 
 
 def _models_by_home(model_path: Path, workers: list[str]) -> dict[str, set[str]]:
@@ -128,11 +157,36 @@ def test_each_model_is_loaded_by_its_home_worker_only(model, kind, monkeypatch):
                                      n_probe=n_probe)
             assert group[DISTANCES][...].tobytes() == ref.tobytes()
             assert client.run(_cached_models) == expected, f"n_probe={n_probe}"
-        for n_probe, ref in ((None, reference), (1, routed_reference)):
-            # a lazy result computed under Dask's defaults (fusion on: the homes may go) is the same
-            lazy = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe,
-                                        workers=workers)
-            assert client.compute(lazy).result().tobytes() == ref.tobytes()
+
+
+@pytest.mark.parametrize("n_probe", [None, 1])
+def test_a_lazy_result_computed_with_dasks_defaults_keeps_the_homes(model, n_probe, monkeypatch):
+    tmp, Q = model
+    reference = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe).compute(
+        scheduler="sync")
+    with _cluster("local", tmp, monkeypatch) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        lazy = class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200), n_probe=n_probe, workers=workers)
+        assert lazy.compute().tobytes() == reference.tobytes()  # Dask's default graph optimisation
+        assert client.run(_cached_models) == _models_by_home(tmp / "m.zarr", workers)
+
+
+def test_a_fitted_estimator_predicts_with_the_models_where_it_trained_them(model, monkeypatch):
+    from kahm_dask import DaskKAHMClassifier
+
+    tmp, Q = model
+    train = open_dataset(tmp / "t.zarr")
+    X, y = train.read_slice(0, train.n_samples), train.labels()
+    with _cluster("local", tmp, monkeypatch) as client:
+        est = DaskKAHMClassifier(n_components=5, block_size=300, random_state=1, store_dir=tmp / "est").fit(X, y)
+        trained = client.run(_cached_models)
+        clusters = {str(cluster_location(est.model_path_, e["class"], e["cluster"]))
+                    for e in read_manifest(est.model_path_)["clusters"]}
+        assert set().union(*trained.values()) == clusters and all(trained.values())
+        D = est.class_distances(da.from_array(Q, chunks=200)).compute()
+        assert client.run(_cached_models) == trained  # nothing loaded, nothing moved
+    reference = class_distance_array(est.model_path_, da.from_array(Q, chunks=200)).compute(scheduler="sync")
+    assert D.tobytes() == reference.tobytes()  # the cached models are those the store holds
 
 
 def test_the_membership_distances_are_computed_on_the_models_homes(model):
@@ -163,3 +217,18 @@ def test_without_homes_the_workers_load_the_same_models(model):
             client.compute(class_distance_array(tmp / "m.zarr", da.from_array(Q, chunks=200))).result()
             first, second = client.run(_cached_models).values()
     assert first & second
+
+
+def test_a_small_worker_keeps_no_trained_model_in_its_cache(model):
+    # below the plugins' 4 GiB minimum, a worker's memory goes to its training tasks (the 1 GiB
+    # workers of the larger-than-memory run): the models are loaded when a prediction needs them
+    from kahm_dask import DaskKAHMClassifier
+
+    tmp, Q = model
+    train = open_dataset(tmp / "t.zarr")
+    with connect(ClusterConfig(n_workers=1, processes=True, memory_limit="1GiB")) as client:
+        est = DaskKAHMClassifier(n_components=5, block_size=300, random_state=1, store_dir=tmp / "small")
+        est.fit(train.read_slice(0, train.n_samples), train.labels())
+        assert client.run(_cached_models) == {next(iter(client.run(_cached_models))): set()}
+        est.class_distances(Q)
+        assert len(next(iter(client.run(_cached_models).values()))) == est.n_clusters_

@@ -54,6 +54,12 @@ and prediction) when the worker joins. Without it each worker imported them in i
 stage's end. The modules take about 90 MiB, so workers with less than 4 GiB of memory limit
 import them on first use, as before.
 
+**The user's own client.** A ``Client`` the user started (``Client(n_workers=2)``, a cluster
+reached by address) and handed to the estimator, or found as the current client, gets the same
+plugins once (:func:`prepare_workers`, called by the estimator before it computes there): without
+them its worker processes keep Dask's allocator setting. Workers running in the client's own
+process (``processes=False``) are left as they are.
+
 **Logs.** The scheduler and nannies of a local cluster run in the client's process and log
 through its ``distributed`` loggers; its workers log at Dask's configured level
 ``logging.distributed`` (the ``silence_logs`` of the cluster; default WARNING, as
@@ -70,6 +76,8 @@ from kahm_dask.pipeline.cluster.plugins import (
     SingleThreadedBLAS,
     TaskCode,
     blas_limited_here,
+    prepare_workers,
+    register_worker_plugins,
 )
 from kahm_dask.pipeline.config.cluster_files import (
     ClusterSpec,
@@ -91,6 +99,8 @@ __all__ = [
     "IgnoreInterrupts",
     "TaskCode",
     "blas_limited_here",
+    "prepare_workers",
+    "register_worker_plugins",
     "LocalSpec",
     "RemoteSpec",
     "SSHSpec",

@@ -12,13 +12,7 @@ from distributed import Client
 from distributed.security import Security
 
 from kahm_dask.pipeline.cluster.build import build_cluster, local_cluster
-from kahm_dask.pipeline.cluster.plugins import (
-    IgnoreInterrupts,
-    ReusedHeap,
-    SingleThreadedBLAS,
-    TaskCode,
-    blas_limited_here,
-)
+from kahm_dask.pipeline.cluster.plugins import blas_limited_here, register_worker_plugins
 from kahm_dask.pipeline.cluster.security import TLS_PROTOCOL, check_address, to_security, warn_unencrypted
 from kahm_dask.pipeline.config.cluster_files import ClusterSpec, LocalSpec, RemoteSpec, load_cluster_config
 from kahm_dask.pipeline.config.sections import ClusterConfig
@@ -88,9 +82,7 @@ def connect_address(
     check_address(address, security is not None, address_key=address_key, tls_key=security_key)
     warn_unencrypted(address, stacklevel=4)
     with _client_for_address(address, timeout, security) as client:
-        client.register_plugin(SingleThreadedBLAS())
-        client.register_plugin(ReusedHeap())
-        client.register_plugin(TaskCode())
+        register_worker_plugins(client)
         logger.info("Dask dashboard: %s", client.dashboard_link)
         yield client
 
@@ -135,10 +127,7 @@ def connect(
         )
         client = stack.enter_context(Client(cluster))
         if not in_process:
-            client.register_plugin(SingleThreadedBLAS())
-            client.register_plugin(ReusedHeap())
-            client.register_plugin(IgnoreInterrupts())
-            client.register_plugin(TaskCode())
+            register_worker_plugins(client, ignore_interrupts=True)
         logger.info("Dask dashboard: %s", client.dashboard_link)
         try:
             yield client

@@ -10,20 +10,23 @@ from typing import Any
 from distributed import Client, default_client
 from joblib import cpu_count
 
-from kahm_dask.pipeline.cluster import compute, connect
+from kahm_dask.pipeline.cluster import compute, connect, prepare_workers
 from kahm_dask.pipeline.config.sections import ClusterConfig
 
 __all__ = ["current_client", "fitting_client", "compute_on"]
 
 
 def current_client(client: Client | None = None) -> Client | None:
-    """``client``, else the ``distributed`` client this process uses by default, else None."""
-    if client is not None:
-        return client
-    try:
-        return default_client()
-    except ValueError:
-        return None
+    """``client``, else the ``distributed`` client this process uses by default, else None;
+    its workers prepared for the pipeline's tasks (:func:`~kahm_dask.pipeline.cluster.prepare_workers`,
+    once per client)."""
+    if client is None:
+        try:
+            client = default_client()
+        except ValueError:
+            return None
+    prepare_workers(client)
+    return client
 
 
 @contextmanager

@@ -1,10 +1,11 @@
 """The scikit-learn API over the Dask pipeline: :class:`DaskKAHMClassifier`.
 
-``fit`` writes the training rows to a Zarr dataset store
-(:func:`~kahm_dask.pipeline.stores.dataset.write_dataset`) and runs
-:func:`~kahm_dask.pipeline.training.train_pipeline` on the estimator's client (``client``; default
-the current one, else a LocalCluster started for the fit); the fitted estimator is a handle on
-the model store it wrote. Prediction is the pipeline's blockwise min/argmin reduction
+``fit`` runs :func:`~kahm_dask.pipeline.training.train_pipeline` on the estimator's client
+(``client``; default the current one, else a LocalCluster started for the fit). A DP fit, or one
+whose rows do not fit the workers' memory, first writes the rows to a Zarr dataset store
+(:func:`~kahm_dask.pipeline.stores.dataset.write_dataset`, in ``store_dir``); a non-private fit
+whose rows fit trains from them directly (:mod:`~kahm_dask.pipeline.stores.held`). The fitted
+estimator is a handle on the model store it wrote. Prediction is the pipeline's blockwise min/argmin reduction
 (:func:`~kahm_dask.pipeline.predict.class_distance_array`): lazy dask arrays for dask input (the
 cluster models are loaded by the tasks, never in the client), NumPy arrays for NumPy input.
 :meth:`DaskKAHMClassifier.to_local` and :meth:`DaskKAHMClassifier.from_local` convert to and from
@@ -52,12 +53,14 @@ from kahm_dask.pipeline.estimator.stores import (
     restore_model_store,
     store_root,
 )
-from kahm_dask.pipeline.placement import worker_addresses
+from kahm_dask.pipeline.placement import as_placed, worker_addresses
 from kahm_dask.pipeline.predict import class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
+from kahm_dask.pipeline.stores.held import hold_rows
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.rows import rows_per_chunk
-from kahm_dask.pipeline.training import TrainSettings, train_pipeline
+from kahm_dask.pipeline.training import TrainingRows, TrainSettings, rows_held_in_memory, train_pipeline, trained_on
+from kahm_dask.pipeline.training.layout import class_layout
 from kahm_dask.privacy.statement import PrivacyStatement
 from kahm_dask.storage.location import LocationLike, as_location, committed_directory, copy_tree
 from kahm_dask.storage.locks import exclusive
@@ -114,8 +117,9 @@ persist_fraction : the partition's
         dask-ml Lloyd; ``max_cluster_rows`` bounds the memory of every training task.
     store_dir : str, path or None, default=None
         Directory (a local path, or a URL such as ``s3://bucket/prefix`` reached with
-        ``storage_options``) of the stores a fit writes: ``train.zarr`` (the training rows,
-        unless ``fit`` is given a dataset store), ``work/`` (private copies and the noisy rows:
+        ``storage_options``) of the stores a fit writes: ``train.zarr`` (the training rows, for a
+        DP fit, or one whose rows take more than ``persist_fraction`` of the workers' memory;
+        not when ``fit`` is given a dataset store), ``work/`` (private copies and the noisy rows:
         they stay with the data owner) and ``model.zarr`` (the model store; of a DP fit,
         publishable). A fit replaces them. None: a temporary directory owned by the estimator and
         deleted with it (keep the model with :meth:`save`).
@@ -132,7 +136,10 @@ persist_fraction : the partition's
     Attributes
     ----------
     client : the ``distributed.Client`` it computes on (None: the current client, at each call);
-        not a parameter (a client cannot be copied by ``clone``) and not pickled
+        not a parameter (a client cannot be copied by ``clone``) and not pickled. The first time
+        the estimator computes on a client whose worker processes it did not start, it registers
+        the pipeline's worker plugins there (one BLAS thread per Dask thread, the allocator
+        setting, the task code imported up front: :func:`~kahm_dask.pipeline.cluster.prepare_workers`)
     classes_ : (C,) class labels
     n_features_in_ : int, p
     model_path_ : :class:`~pathlib.Path` of the model store, or its URL (str) for a remote one
@@ -330,7 +337,7 @@ persist_fraction : the partition's
                                          bounds_source=bounds_source, budget=budget)
 
     def fit_store(
-        self, store: DatasetStore, model_path: LocationLike, work_path: LocationLike, *,
+        self, store: TrainingRows, model_path: LocationLike, work_path: LocationLike, *,
         client: Client | None = None, progress: Progress | bool = False, bounds_source: str | None = None,
         budget: tuple[float, float] | None = None,
     ) -> dict:
@@ -347,6 +354,7 @@ persist_fraction : the partition's
         summary = train_pipeline(store, model_path, work_path, settings, client, progress=progress,
                                  manifest_extra={ESTIMATOR_PARAMS_KEY: own})
         self._set_fitted(model_path, read_manifest(model_path))
+        self._trained_on = trained_on(summary)  # each model's home for predictions
         return summary
 
     def fit(self, X, y=None) -> DaskKAHMClassifier:
@@ -367,11 +375,22 @@ persist_fraction : the partition's
             for stale in (work, model):  # a fit starts afresh (new noise, new k-means)
                 stale.remove()
             with fitting_client(self.__dict__.get("_client")) as client:
-                store = source if isinstance(source, DatasetStore) else write_dataset(
-                    root / DATA, *source, chunk_rows=self.chunk_rows, overwrite=True
-                )
+                store = source if isinstance(source, DatasetStore) else self._training_rows(source, root, client)
                 self.fit_store(store, model, work, client=client)
         return self
+
+    def _training_rows(self, source: tuple[Any, Any], root, client: Client) -> TrainingRows:
+        """The rows ``source`` = (X, y) as the training run reads them: held in the workers'
+        memory for a non-private fit whose rows fit there (the run's own rule,
+        :func:`~kahm_dask.pipeline.training.rows_held_in_memory`; ``root/train.zarr`` of an
+        earlier fit is removed), else written to the dataset store ``root/train.zarr``."""
+        data, settings = root / DATA, self.train_settings()
+        if not settings.params.private:
+            held = hold_rows(*source, chunk_rows=self.chunk_rows)
+            if rows_held_in_memory({"X": held.X()}, class_layout(held.y()), settings, client):
+                data.remove()  # private rows of an earlier fit
+                return held
+        return write_dataset(data, *source, chunk_rows=self.chunk_rows, overwrite=True)
 
     def _training_source(self, X, y) -> DatasetStore | tuple[Any, Any]:
         """The dataset store named by ``X``, or the checked ``(X, y)`` to write to one; sets
@@ -440,13 +459,13 @@ persist_fraction : the partition's
         return compute_on(job, self.__dict__.get("_client"), optimize_graph=False)  # keeps the homes
 
     def _lazy_distances(self, X) -> tuple[da.Array, bool]:
-        """The lazy class distances of X, its models placed on the workers of :attr:`client`
-        (placement kept when :meth:`_result` computes them; a caller computing a lazy result
-        keeps it by computing it with ``optimize_graph=False``, :mod:`kahm_dask.pipeline.placement`)."""
+        """The lazy class distances of X (a :class:`~kahm_dask.pipeline.placement.PlacedArray`),
+        each model evaluated on the worker of :attr:`client` that trained it (where the fit left
+        it in the cache), or on a home chosen by its rows (:mod:`kahm_dask.pipeline.placement`)."""
         X, lazy = self._queries(X)
         return class_distance_array(self.model_path_, X, n_probe=self.n_probe, eval_dtype=self.eval_dtype,
-                                    storage_options=self.storage_options,
-                                    workers=worker_addresses(self.client)), lazy
+                                    storage_options=self.storage_options, workers=worker_addresses(self.client),
+                                    trained_on=self.__dict__.get("_trained_on")), lazy
 
     def class_distances(self, X) -> da.Array | np.ndarray:
         """Per-class distances ``Γ_{W_c}(x)`` (eq. 64; docs/algorithm.md#wide-kahm) → (m, C).
@@ -459,7 +478,7 @@ persist_fraction : the partition's
         D, lazy = self._lazy_distances(X)
         meta = np.empty((0,) if rows else (0, 0), dtype)
         mapped = D.map_blocks(fn, dtype=dtype, meta=meta, **({"drop_axis": 1} if rows else {}))
-        return self._result(mapped, lazy)
+        return self._result(as_placed(mapped), lazy)
 
     def score(self, X, y=None, sample_weight=None) -> da.Array | float:
         """Accuracy (weighted by ``sample_weight`` (m,) if given) of the predictions of X.

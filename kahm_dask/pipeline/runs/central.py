@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +56,7 @@ from kahm_dask.pipeline.runs.report import write_privacy_statement, write_report
 from kahm_dask.pipeline.stores.dataset import DatasetStore
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cluster_dir, dp_rows_array
-from kahm_dask.pipeline.training import TrainSettings
+from kahm_dask.pipeline.training import TrainSettings, trained_on
 from kahm_dask.privacy.bounds import BOUNDS_PUBLIC, FeatureBounds
 from kahm_dask.privacy.membership import (
     membership_attack_from_distances,
@@ -199,12 +199,13 @@ def membership_metrics(d_train: np.ndarray, d_test: np.ndarray, seed: int) -> di
 def evaluate(
     model_path: Path, pred_path: Path, train: DatasetStore, test: DatasetStore, *, client: Client | None = None,
     membership: bool = True, max_train_rows: int | None = None, seed: int = 0, n_probe: int | None = None,
-    eval_dtype: str = "float64",
+    eval_dtype: str = "float64", trained_on: Mapping[tuple[int, int], str | None] | None = None,
 ) -> tuple[dict, np.ndarray | None, np.ndarray | None]:
     """Accuracy from stored predictions; membership score and attack on the original
     training rows (or their seeded subset) vs the test rows, their distances computed as the
     predictions were (``n_probe``, ``eval_dtype``), on ``client`` (each model on its home
-    worker, where the prediction loaded it) or Dask's default scheduler. Computed on private
+    worker, where the prediction loaded it: the one that trained it, with ``trained_on``) or
+    Dask's default scheduler. Computed on private
     rows: the result belongs to the owner's folder."""
     group = zarr.open_group(str(pred_path), mode="r")
     metrics = {"accuracy": accuracy(group, PREDICTIONS, test)}
@@ -212,7 +213,8 @@ def evaluate(
         return metrics, None, None
     d_test = np.min(group[DISTANCES][...], axis=1)
     X = member_rows(train, max_train_rows, seed)
-    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype, workers=worker_addresses(client))
+    D = class_distance_array(model_path, X, n_probe=n_probe, eval_dtype=eval_dtype, workers=worker_addresses(client),
+                             trained_on=trained_on)
     d_train = compute(D.min(axis=1), client, optimize_graph=False)  # as built: keeps the homes
     # one BLAS thread in the client: its small eigendecompositions stall with two threads on a
     # busy machine (measured: 57 s instead of 1.2 s for the quickstart's metric)
@@ -318,13 +320,13 @@ def _run(cfg: PipelineConfig, client: Client | None, paths: RunPaths, progress: 
                                       bounds_source=bounds_source, budget=cfg.privacy.budget)
     with clock.stage("predict"):
         predict_to_store(paths.model, test.X(), paths.predictions, client, progress=progress,
-                         n_probe=cfg.model.n_probe, eval_dtype=cfg.model.eval_dtype)
+                         n_probe=cfg.model.n_probe, eval_dtype=cfg.model.eval_dtype, trained_on=trained_on(summary))
     label = "membership metrics (owner only)" if cfg.evaluate.membership else "accuracy (owner only)"
     with clock.stage("evaluate"), progress.stage(label):
         quality, d_train, d_test = evaluate(
             paths.model, paths.predictions, train, test, client=client, membership=cfg.evaluate.membership,
             max_train_rows=cfg.evaluate.max_train_rows, seed=cfg.data.split_seed, n_probe=cfg.model.n_probe,
-            eval_dtype=cfg.model.eval_dtype,
+            eval_dtype=cfg.model.eval_dtype, trained_on=trained_on(summary),
         )
     metrics = report_metrics(
         cfg, client, quality, clock.seconds, train, test, [summary], seed=summary["seed"],

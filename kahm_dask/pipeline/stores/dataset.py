@@ -50,7 +50,7 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from kahm_dask.pipeline.stores.rows import label_array, rows_per_chunk
+from kahm_dask.pipeline.stores.rows import encode_labels, label_array, rows_per_chunk
 from kahm_dask.pipeline.stores.sources import Source, array_source, dask_source, resolve_source
 from kahm_dask.privacy.bounds import bounds_from_private_data
 from kahm_dask.privacy.fingerprint import DataFingerprint, combine, partial_sums
@@ -460,7 +460,7 @@ def _build_store(
                                dtype=dtype, **ARRAY_CODECS)
         written = src.write_x(x)  # hashes the rows as it writes them: no second pass
         labels = label_array(written.labels, "y")
-        classes, codes = _encode_labels(labels)
+        classes, codes = encode_labels(labels)
         counts = _write_labels(group, codes, len(classes))
         attrs = {
             "format_version": FORMAT_VERSION,
@@ -492,12 +492,6 @@ def _write_labels(group: zarr.Group, codes: np.ndarray, n_classes: int) -> list[
     for code, rows in enumerate(np.split(order, np.cumsum(counts)[:-1])):
         index.create_array(str(code), data=rows.astype(np.int64))
     return counts.tolist()
-
-
-def _encode_labels(labels: np.ndarray) -> tuple[list[int | str], np.ndarray]:
-    """Sorted class values (JSON-able list) and int64 codes of shape (N,)."""
-    classes, codes = np.unique(labels, return_inverse=True)
-    return classes.tolist(), codes.astype(np.int64).ravel()
 
 
 def _check_dtype(dtype: Any) -> str:

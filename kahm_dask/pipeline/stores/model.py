@@ -48,6 +48,7 @@ from zarr.api import asynchronous as zarr_async
 from zarr.core.sync import sync  # Zarr's own bridge from synchronous code to its event loop
 
 from kahm_dask.deep import DeepKAHM
+from kahm_dask.pipeline.cluster.plugins import MIN_MEMORY_LIMIT
 from kahm_dask.storage.atomic import sibling_path
 from kahm_dask.storage.codecs import ARRAY_CODECS, model_chunks
 from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location
@@ -61,6 +62,7 @@ __all__ = [
     "cached_cluster",
     "cached_centre",
     "model_cache_bytes",
+    "remember_trained_cluster",
     "cluster_centre",
     "cluster_done",
     "mark_model_complete",
@@ -279,6 +281,29 @@ def cached_cluster(path: LocationLike, storage_options: Options = None) -> DeepK
     return model
 
 
+def remember_trained_cluster(model: DeepKAHM, written: LocationLike, served: LocationLike) -> None:
+    """Put a cluster model this process has just written at ``written`` (a staged model store)
+    in its model cache under the key it has once the store is committed at ``served``, so that a
+    prediction on the worker that trained it loads nothing.
+
+    The staged store becomes the committed one by a rename, which keeps the completion marker's
+    inode, modification time and size (:func:`_cache_key`); elsewhere (a copy to another file
+    system or an object store) the key would never match, and nothing is put; nor on a worker with
+    a memory limit below :data:`~kahm_dask.pipeline.cluster.plugins.MIN_MEMORY_LIMIT`, whose
+    training tasks need that memory (the 1 GiB workers of the larger-than-memory run). The cached
+    model is built from the state that was written, as :func:`load_cluster` builds it from the
+    state read.
+    """
+    written, served = as_location(written), as_location(served)
+    limit = _worker_memory_limit()
+    if not (written.is_local and served.is_local) or (limit is not None and limit < MIN_MEMORY_LIMIT):
+        return
+    layer_states, meta = model.to_state()
+    states = [({name: np.ascontiguousarray(a) for name, a in arrays.items()}, sc) for arrays, sc in layer_states]
+    key = (str(served), *(written / _COMPLETE).stamp())
+    _remember(_CACHE, key, DeepKAHM.from_state(states, meta), _model_bytes, model_cache_bytes())
+
+
 def cached_centre(path: LocationLike, storage_options: Options = None) -> np.ndarray:
     """The routing centre (p,) of a stored cluster (:func:`cluster_centre`), kept per process
     and keyed like the models, so that a routed prediction reads each centre once per worker,
@@ -337,13 +362,19 @@ def model_cache_bytes() -> int:
     env = os.environ.get("KAHM_DASK_MODEL_CACHE_MB")
     if env:
         return int(env) * 2**20
+    limit = _worker_memory_limit()
+    return int(MODEL_CACHE_FRACTION * limit) if limit else MODEL_CACHE_DEFAULT_BYTES
+
+
+def _worker_memory_limit() -> int | None:
+    """The memory limit (bytes) of the Dask worker running the caller; None outside a worker or
+    for a worker without a limit."""
     try:
         from distributed import get_worker
 
-        limit = get_worker().memory_manager.memory_limit
+        return get_worker().memory_manager.memory_limit or None
     except ValueError:  # not in a worker
-        limit = None
-    return int(MODEL_CACHE_FRACTION * limit) if limit else MODEL_CACHE_DEFAULT_BYTES
+        return None
 
 
 #: Share of the model cache's budget that the routing centres may take besides it.

@@ -29,6 +29,7 @@ __all__ = [
     "check_matrix_shape",
     "check_length",
     "label_array",
+    "encode_labels",
     "checked_block",
     "WrittenRows",
     "store_block",
@@ -100,6 +101,13 @@ def label_array(y: Any, name: str) -> np.ndarray:
         raise TypeError(f"{name} holds non-integer floats; labels must be integers or "
                         "strings.")
     raise TypeError(f"{name} must hold integer or string labels, got dtype {arr.dtype}.")
+
+
+def encode_labels(labels: np.ndarray) -> tuple[list[int | str], np.ndarray]:
+    """Sorted class values (JSON-able list) and int64 codes of shape (N,) of ``labels`` (N,):
+    ``classes[codes[i]] == labels[i]``."""
+    classes, codes = np.unique(labels, return_inverse=True)
+    return classes.tolist(), codes.astype(np.int64).ravel()
 
 
 _LABEL_TYPES = {"int": np.int64, "float": np.float64, "str": str}

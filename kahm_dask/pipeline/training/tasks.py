@@ -24,7 +24,7 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from kahm_dask._validation import as_float_rows
-from kahm_dask.pipeline.stores.model import cluster_done, save_cluster
+from kahm_dask.pipeline.stores.model import cluster_done, cluster_location, remember_trained_cluster, save_cluster
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.location import LocationLike, as_location
 
@@ -40,7 +40,8 @@ def _read_slice(work_path: LocationLike, name: str, start: int, stop: int) -> np
 
 
 def train_cluster(
-    work_path: LocationLike, model_path: LocationLike, c: int, s: int, start: int, stop: int, params: TrainParams
+    work_path: LocationLike, model_path: LocationLike, c: int, s: int, start: int, stop: int, params: TrainParams,
+    served: LocationLike | None = None,
 ) -> dict:
     """Train cluster (class code c, cluster s) from grouped rows [start, stop); see module doc.
 
@@ -48,24 +49,27 @@ def train_cluster(
     objects (a URL with its storage options, opened by the task).
 
     Returns ``{"class": c, "cluster": s, "n_rows", "passes", "layer_dims", "seconds",
-    "resumed"}`` ("passes" absent with ``r_source="private"``; "seconds" None when resumed).
-    Only the first five (less "seconds") are written to the model store. A cluster already
-    complete in the model store is skipped (resume).
+    "resumed", "worker"}`` ("passes" absent with ``r_source="private"``; "seconds" None when
+    resumed; "worker" the address of the Dask worker that ran the task, None outside a worker).
+    Only the first five are written to the model store. A cluster already complete in the model
+    store is skipped (resume). ``served``: where ``model_path`` (the staged store) will be
+    committed; the trained model then stays in this worker's model cache under that path
+    (:func:`~kahm_dask.pipeline.stores.model.remember_trained_cluster`).
     """
     def read() -> dict[str, np.ndarray]:
         names = {"X_noisy": GROUPED_X_NOISY, "X": GROUPED_X}
         return {name: _read_slice(work_path, names[name], start, stop) for name in _sources(params)}
 
-    return _train(read, model_path, c, s, params)
+    return _train(read, model_path, c, s, params, served)
 
 
 def train_cluster_rows(rows: Mapping[str, np.ndarray], model_path: LocationLike, c: int, s: int,
-                       params: TrainParams) -> dict:
+                       params: TrainParams, served: LocationLike | None = None) -> dict:
     """:func:`train_cluster` on rows held in memory: ``rows`` maps ``"X_noisy"`` (DP runs) and
     ``"X"`` (where the recipe reads private rows) to the cluster's (N_cs, p) rows
     (:mod:`~kahm_dask.pipeline.training.in_memory`); returns the same dict."""
     return _train(lambda: {name: as_float_rows(rows[name]) for name in _sources(params)},
-                  model_path, c, s, params)
+                  model_path, c, s, params, served)
 
 
 def _sources(params: TrainParams) -> tuple[str, ...]:
@@ -79,11 +83,21 @@ def _fitted(params: TrainParams) -> str:
     return "X_noisy" if params.private else "X"
 
 
+def _worker_address() -> str | None:
+    """The address of the Dask worker running the caller (None outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except ValueError:
+        return None
+
+
 def _train(read: Callable[[], dict[str, np.ndarray]], model_path: LocationLike, c: int, s: int,
-           params: TrainParams) -> dict:
+           params: TrainParams, served: LocationLike | None) -> dict:
     done = cluster_done(model_path, c, s)
     if done is not None:
-        return {**done, "seconds": None, "resumed": True}
+        return {**done, "seconds": None, "resumed": True, "worker": None}
     t0 = time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):
         rows = read()
@@ -94,5 +108,7 @@ def _train(read: Callable[[], dict[str, np.ndarray]], model_path: LocationLike, 
     }
     if params.private and params.r_source == "private":
         del info["passes"]  # stops at the private rows' modelling error: not DP
-    save_cluster(model_path, c, s, fit.model, info, fit.dp_rows)
-    return {**info, "seconds": round(time.perf_counter() - t0, 4), "resumed": False}
+    written = save_cluster(model_path, c, s, fit.model, info, fit.dp_rows)
+    if served is not None:
+        remember_trained_cluster(fit.model, written, cluster_location(served, c, s))
+    return {**info, "seconds": round(time.perf_counter() - t0, 4), "resumed": False, "worker": _worker_address()}

@@ -51,9 +51,10 @@ from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.plugins import release_free_memory
 from kahm_dask.pipeline.cluster.progress import Progress, as_progress
 from kahm_dask.pipeline.stores.dataset import DatasetStore
+from kahm_dask.pipeline.stores.held import HeldRows
 from kahm_dask.pipeline.stores.manifest import build_manifest, jsonable, write_manifest
 from kahm_dask.pipeline.training.in_memory import fits_in_memory, partition_in_memory
-from kahm_dask.pipeline.training.layout import class_layout, grouped_layout, write_grouped
+from kahm_dask.pipeline.training.layout import ClassLayout, class_layout, grouped_layout, write_grouped
 from kahm_dask.pipeline.training.partition import partition_classes
 from kahm_dask.pipeline.training.release import release_stage
 from kahm_dask.pipeline.training.settings import TrainSettings
@@ -76,11 +77,15 @@ from kahm_dask.storage.private import make_private, private_directory
 
 log = logging.getLogger("kahm_dask")
 
-__all__ = ["train_pipeline"]
+__all__ = ["train_pipeline", "rows_held_in_memory", "trained_on", "TrainingRows"]
+
+#: What the training run reads its rows from: a dataset store, or (a non-private fit whose rows
+#: fit the workers' memory) rows held there (:class:`~kahm_dask.pipeline.stores.held.HeldRows`).
+TrainingRows = DatasetStore | HeldRows
 
 
 def train_pipeline(
-    store: DatasetStore,
+    store: TrainingRows,
     model_path: LocationLike,
     work_path: LocationLike,
     settings: TrainSettings,
@@ -93,6 +98,10 @@ def train_pipeline(
     manifest_extra: Mapping[str, Any] | None = None,
 ) -> dict:
     """Train every cluster model of ``store`` into ``model_path``; returns a summary dict.
+
+    ``store``: a dataset store, or for a non-private run rows held in worker memory
+    (:class:`~kahm_dask.pipeline.stores.held.HeldRows`; a DP run needs the store, whose rows
+    its release verifies, fingerprints and remembers).
 
     ``model_path`` and ``work_path`` are local paths or URLs, with fsspec ``storage_options``.
     Both are checked before the release (:func:`check_training_targets`), and so are the classes
@@ -114,6 +123,8 @@ def train_pipeline(
     model_path, work_path = as_location(model_path, storage_options), as_location(work_path, storage_options)
     check_training_targets(model_path, work_path)
     if settings.params.private:
+        if not isinstance(store, DatasetStore):
+            raise TypeError("a DP training run reads its rows from a dataset store (write_dataset or ingest).")
         store.verified_fingerprint()  # every row read now: a damaged chunk fails before the spend
     if work_path.is_local:
         private_directory(work_path.path)
@@ -128,7 +139,7 @@ def train_pipeline(
 
 
 def _train(
-    store: DatasetStore, model_path: Location, work_path: Location, settings: TrainSettings, client,
+    store: TrainingRows, model_path: Location, work_path: Location, settings: TrainSettings, client,
     partition: np.ndarray | None, partition_public: bool, progress: Progress,
     manifest_extra: Mapping[str, Any] | None,
 ) -> dict:
@@ -165,8 +176,7 @@ def _train(
         sources["X"] = X
     sources = {name: source for name, source in sources.items() if source is not None}
     cluster_on = "X_noisy" if (params.private and settings.cluster_on == "noisy") else "X"
-    in_memory = fits_in_memory(sources, layout, task_bytes=_memory_share(settings.persist_fraction, client, min),
-                               persist_bytes=_memory_share(settings.persist_fraction, client))
+    in_memory = rows_held_in_memory(sources, layout, settings, client)
     if in_memory:
         with progress.stage("partition in worker memory (rows by class, k-means per class)"):
             labels, held = partition_in_memory(
@@ -212,7 +222,8 @@ def _train(
     }
     finished = check_same_settings((staged, model_path), work_path, current)
     if finished:  # a rerun of a complete run: the committed model store is this run's
-        infos = [{**cluster_info(model_path, c, s), "seconds": None, "resumed": True} for c, s, _, _ in table]
+        infos = [{**cluster_info(model_path, c, s), "seconds": None, "resumed": True, "worker": None}
+                 for c, s, _, _ in table]
         progress.note(f"  train: all {len(table)} clusters already in {model_path}")
     else:
         release = None if privacy is None else {"release_id": privacy["release_id"], "statement": privacy["statement"]}
@@ -228,8 +239,9 @@ def _train(
             # small ones, so the one that finishes early idles for less
             with dask.annotate(priority=b - a):
                 tasks.append(
-                    dask.delayed(train_cluster_rows, pure=False)(held[c, s], staged, c, s, params) if in_memory
-                    else dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params)
+                    dask.delayed(train_cluster_rows, pure=False)(held[c, s], staged, c, s, params, model_path)
+                    if in_memory else
+                    dask.delayed(train_cluster, pure=False)(work_path, staged, c, s, a, b, params, model_path)
                 )
         infos = compute(tasks, client, progress=progress, label=f"train {len(table)} clusters")
         commit_model(staged, model_path)
@@ -245,6 +257,22 @@ def _train(
         "privacy_statement_markdown": None if statement is None else statement.to_markdown(),
         "clusters": infos,
     }
+
+
+def trained_on(summary: Mapping[str, Any]) -> dict[tuple[int, int], str | None]:
+    """(class code, cluster) → the address of the worker that trained that cluster model in the
+    run of ``summary`` (:func:`train_pipeline`'s), where the model stays in its cache (None for a
+    cluster resumed from an earlier run, or trained outside a worker): the prediction's homes."""
+    return {(i["class"], i["cluster"]): i["worker"] for i in summary["clusters"]}
+
+
+def rows_held_in_memory(sources: Mapping[str, da.Array], layout: ClassLayout, settings: TrainSettings,
+                        client) -> bool:
+    """Whether the run's stages 2–4 hold the rows of ``sources`` (name → (N, p) dask array, by
+    class ``layout``) in worker memory (:func:`~kahm_dask.pipeline.training.in_memory.fits_in_memory`
+    with ``settings.persist_fraction`` of the workers' memory, :func:`_memory_share`)."""
+    return fits_in_memory(sources, layout, task_bytes=_memory_share(settings.persist_fraction, client, min),
+                          persist_bytes=_memory_share(settings.persist_fraction, client))
 
 
 def _labels(partition, rows: da.Array, layout, params, settings, root, client) -> np.ndarray:

@@ -161,6 +161,33 @@ def test_without_the_plugin_a_fresh_worker_process_lacks_the_task_code():
     assert not all(loaded.values()), loaded
 
 
+def test_the_users_own_client_gets_the_plugins_once_and_a_threaded_one_none():
+    """A LocalCluster the user started (the control above lacks the plugins) gets them when the
+    estimator computes there (prepare_workers), once per client; a threaded cluster, whose
+    workers run in this process, is left alone (the plugins would change this process)."""
+    from distributed import LocalCluster
+
+    from kahm_dask.pipeline.cluster import prepare_workers
+    from kahm_dask.pipeline.estimator.clients import current_client
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        assert current_client() is client
+        (loaded,) = _on_every_worker(client, _task_modules_loaded).values()
+        assert all(loaded.values()), loaded
+        (grown,) = _on_every_worker(client, _mmapped_bytes_for_a_4_mib_array).values()
+        assert grown == 0  # ReusedHeap's thresholds, not Dask's
+        registered = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
+        assert {"kahm-dask-reused-heap", "kahm-dask-task-code"} <= set(registered)
+        prepare_workers(client)  # a second call registers nothing more
+        assert client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.worker_plugins)) == registered
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        prepare_workers(client)
+        names = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins))
+        assert not [name for name in names if name.startswith("kahm-dask")], names
+
+
 def test_local_worker_processes_reuse_freed_blocks_instead_of_mapping_each():
     # Dask's MALLOC_TRIM_THRESHOLD_ pins glibc's mmap threshold at 128 KiB; the ReusedHeap
     # plugin raises it to 32 MiB, so a 4 MiB temporary comes from the heap (none is mmapped).

@@ -43,7 +43,7 @@ NOISE_SEED = 13  # test-only: both paths draw site q's noise from site_noise_see
 _SEEN: list[tuple[int, str, set]] = []  # (site, worker, rows as bytes) per distance block
 _WRITTEN: list[tuple[str, set]] = []  # (worker, rows as bytes) per block written to a data store
 _SEEN_LOCK = threading.Lock()
-_ORIGINAL_CLUSTER_BLOCK = predict_module._cluster_block
+_ORIGINAL_CLUSTER_DISTANCES = predict_module._cluster_distances
 _ORIGINAL_STORE_BLOCK = store_module._store_block
 
 
@@ -54,14 +54,14 @@ def _where() -> str:
         return "client"
 
 
-def _recording_cluster_block(x: np.ndarray, path, *args) -> np.ndarray:
-    """``_cluster_block`` that records which site's model (``path``: its model store's location)
+def _recording_cluster_distances(x: np.ndarray, path, *args) -> np.ndarray:
+    """``_cluster_distances`` that records which site's model (``path``: its model store's location)
     is asked about which rows, where."""
     site = int(re.search(r"sites/site(\d+)/", str(path)).group(1))
     rows = {row.tobytes() for row in np.asarray(x, dtype=np.float64)}
     with _SEEN_LOCK:
         _SEEN.append((site, _where(), rows))
-    return _ORIGINAL_CLUSTER_BLOCK(x, path, *args)
+    return _ORIGINAL_CLUSTER_DISTANCES(x, path, *args)
 
 
 def _recording_store_block(block: np.ndarray, x, start: int):
@@ -115,7 +115,7 @@ def test_federated_pipeline_equals_in_memory_and_keeps_rows_at_their_site(
     private = epsilon is not None
     noise_seed = NOISE_SEED if private else None
 
-    monkeypatch.setattr(predict_module, "_cluster_block", _recording_cluster_block)
+    monkeypatch.setattr(predict_module, "_cluster_distances", _recording_cluster_distances)
     monkeypatch.setattr(store_module, "_store_block", _recording_store_block)
     _SEEN.clear(), _WRITTEN.clear()
     with pytest.warns(PrivacyLeakWarning) if private else _no_warning():
@@ -237,7 +237,7 @@ def test_a_failed_rewrite_of_a_sites_answers_keeps_the_previous_ones(tmp_path, d
     def lost_worker(*args, **kwargs):
         raise RuntimeError("lost worker")
 
-    monkeypatch.setattr(predict_module, "_cluster_block", lost_worker)
+    monkeypatch.setattr(predict_module, "_cluster_distances", lost_worker)
     with pytest.raises(RuntimeError, match="lost worker"):
         answer_to_store(0, model, queries, store.classes, out, None)
     np.testing.assert_array_equal(zarr.open_group(str(out), mode="r")["min_distance"][:], before)

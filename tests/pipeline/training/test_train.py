@@ -117,9 +117,9 @@ def _recorded_rows(rows, *args):
     return tasks_mod.train_cluster_rows(rows, *args)
 
 
-def _recorded_slice(work, staged, c, s, a, b, params):
+def _recorded_slice(work, staged, c, s, a, b, params, served=None):
     _RAN.append(b - a)
-    return tasks_mod.train_cluster(work, staged, c, s, a, b, params)
+    return tasks_mod.train_cluster(work, staged, c, s, a, b, params, served)
 
 
 def test_cluster_tasks_run_largest_first(tmp_path, digits, route, monkeypatch):
