@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -56,14 +57,15 @@ def render(records: list[dict]) -> Path:
     records = sorted(records, key=lambda r: (r["epsilon"] is None, r["n_train"]))
     stage_names = sorted({s for r in records for s in r["fit_stage_s"]},
                          key=lambda s: [k for r in records for k in r["fit_stage_s"]].index(s))
-    head = ["run", "N (train)", "GiB", "accuracy", "attack AUC", "ingest s", "train s",
+    head = ["run", "N (train)", "GiB", "accuracy (± s.e.)", "attack AUC", "ingest s", "train s",
             *[f"… {s} s" for s in stage_names], "predict s", "evaluate s", "total s",
             "peak RSS per worker (MiB)", "workers lost", "load before"]
     rows = []
     for r in records:
         rows.append([
             "non-private" if r["epsilon"] is None else f"DP ε = {r['epsilon']:g}",
-            f"{r['n_train']} ({_fraction_label(r['n_train'])})", f"{r['data_gib']:.2f}", f"{r['accuracy']:.4f}",
+            f"{r['n_train']} ({_fraction_label(r['n_train'])})", f"{r['data_gib']:.2f}",
+            f"{r['accuracy']:.4f} (± {math.sqrt(r['accuracy'] * (1 - r['accuracy']) / r['n_test']):.3f})",
             f"{r['attack_auc']:.4f}", f"{r['ingest_s']:.1f}", f"{r['fit_s']:.1f}",
             *[f"{r['fit_stage_s'][s]:.1f}" if s in r["fit_stage_s"] else "—" for s in stage_names],
             f"{r['predict_s']:.1f}", f"{r['evaluate_s']:.1f}", f"{r['total_s']:.1f}",
