@@ -10,8 +10,13 @@ Laplace noise on the whole 4 GiB matrix; the models are fitted on the noisy rows
 default, or with ``--dp-data fabricated`` on rows fabricated with ``r_value`` = 4 smoother passes).
 
     python -m benchmarks.bench_large [--pipeline pipelines/large_synthetic.yaml] [--n-samples N]
-                                     [--epsilon 2 [--dp-data noisy|fabricated]] [--workers W]
-                                     [--n-probe K] [--name NAME]
+                                     [--test-rows R] [--epsilon 2 [--dp-data noisy|fabricated]]
+                                     [--non-private] [--workers W] [--n-probe K] [--name NAME]
+
+``--test-rows`` keeps the test set at R rows whatever ``--n-samples`` (``data.test_size`` =
+R / N); ``--non-private`` overrides a pipeline file's ``privacy.epsilon`` with none.
+``pipelines/large_classes.yaml`` (classes along 16 directions, learnable from DP rows) is run at
+several sizes by ``benchmarks/bench_large_accuracy.py``.
 
 Weak scaling (the same rows per worker on 1 and 2 workers, ``large_weak_1.md`` and
 ``large_weak_2.md``): ``--workers 1 --n-samples 66048 --name large_weak_1``, then
@@ -25,6 +30,7 @@ import resource
 import time
 from pathlib import Path
 
+import numpy as np
 from distributed.diagnostics import MemorySampler
 from distributed.diagnostics.plugin import SchedulerPlugin
 
@@ -59,6 +65,14 @@ DP_NOTES = (
     "ingest and noise stages take well under a second."
 )
 
+DIRECTIONS_NOTES = (
+    "The classes differ along {k} directions (data.synthetic.generator: directions, amplitude {a:g}; "
+    "signal model in kahm_dask/pipeline/stores/synthetic.py::synthetic_directions). The DP noise of "
+    "ε = {eps:g} per entry on [0, 1] has a standard deviation of about {sd:.2f} per entry, far above "
+    "any class difference per entry, but it is independent across rows, so a class model fitted "
+    "on many noisy rows recovers the class signal (see benchmarks/results/large_accuracy_vs_n.md)."
+)
+
 
 FABRICATION_PASSES = 4  # r_value of a fabricated run: a cost knob like n_layers
 
@@ -67,7 +81,8 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
+    """Run once and write the report; return the measurements (bench_large_accuracy tabulates them)."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--pipeline", type=Path, default=Path("pipelines/large_synthetic.yaml"))
     ap.add_argument("--n-samples", type=int, help="override data.synthetic.n_samples")
@@ -79,6 +94,8 @@ def main(argv=None) -> None:
     ap.add_argument("--n-probe", type=int,
                     help="route predictions and the membership distances to this many clusters per class "
                          "(model.n_probe; default: every cluster, eq. 64)")
+    ap.add_argument("--test-rows", type=int, help="test rows (data.test_size = R / n_samples)")
+    ap.add_argument("--non-private", action="store_true", help="override privacy.epsilon with none")
     ap.add_argument("--name", help="report name under benchmarks/results/ (default: large, or large_dp)")
     args = ap.parse_args(argv)
 
@@ -90,6 +107,10 @@ def main(argv=None) -> None:
         overrides["output"] = str(args.output)
     if args.workers:
         overrides["cluster.n_workers"] = args.workers
+    if args.epsilon and args.non_private:
+        ap.error("--epsilon and --non-private exclude each other")
+    if args.non_private:
+        overrides["privacy.epsilon"] = None
     if args.epsilon:
         overrides["privacy.epsilon"] = args.epsilon
         overrides["privacy.dp_data"] = args.dp_data
@@ -99,9 +120,19 @@ def main(argv=None) -> None:
         overrides["model.n_probe"] = args.n_probe
     if overrides:
         cfg = cfg.with_overrides(**overrides)
+    if args.test_rows:
+        n_all = cfg.data.synthetic.n_samples
+        if not 0 < args.test_rows < n_all:
+            ap.error(f"--test-rows must be in (0, {n_all})")
+        cfg = cfg.with_overrides(**{"data.test_size": args.test_rows / n_all})
     dp = cfg.privacy.epsilon is not None
     name = args.name or ("large_dp" if dp else "large")
     syn = cfg.data.synthetic
+    if dp and syn.generator == "directions":
+        notes = DIRECTIONS_NOTES.format(k=syn.n_directions, a=syn.amplitude, eps=cfg.privacy.epsilon,
+                                        sd=np.sqrt(2.0) / cfg.privacy.epsilon)
+    else:
+        notes = DP_NOTES if dp else None
     data_gib = syn.n_samples * syn.n_features * (4 if syn.dtype == "float32" else 8) / 2**30
     facts = machine_facts(1)
     t0 = time.perf_counter()
@@ -147,9 +178,19 @@ def main(argv=None) -> None:
         name,
         "Larger-than-memory pipeline run" + (" with DP" if dp else ""),
         facts,
-        [("Result", markdown_table(["quantity", "value"], rows))] + ([("Notes", DP_NOTES)] if dp else []),
+        [("Result", markdown_table(["quantity", "value"], rows))] + ([("Notes", notes)] if notes else []),
     )
     print(path.read_text())
+    return {
+        "name": name, "epsilon": cfg.privacy.epsilon, "n_train": syn.n_samples - metrics["n_test"],
+        "n_test": metrics["n_test"], "n_features": syn.n_features, "data_gib": data_gib,
+        "workers_lost": len(removed), "peak_rss_mib": [round(v) for v in peaks.values()],
+        "ingest_s": metrics["ingest_seconds"], "fit_s": metrics["fit_seconds"],
+        "fit_stage_s": dict(metrics["fit_stage_seconds"]), "predict_s": metrics["predict_seconds"],
+        "evaluate_s": metrics["evaluate_seconds"], "total_s": round(total_s, 1),
+        "accuracy": metrics["accuracy"], "attack_auc": metrics.get("attack_auc", float("nan")),
+        "load_at_start": facts["load average at start"], "date": facts["date"],
+    }
 
 
 if __name__ == "__main__":

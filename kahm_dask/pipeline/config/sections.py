@@ -67,6 +67,7 @@ SKLEARN_PREFIX = "sklearn:"
 
 Scale = Literal["minmax", "none", "tanh255"]
 Dtype = Literal["float32", "float64"]
+SyntheticGenerator = Literal["blobs", "directions"]
 # the choices of the model and privacy parameters (kahm_dask/params.py)
 SRule = Literal[PARAMS["s_rule"].choices]
 DpData = Literal[PARAMS["dp_data"].choices]
@@ -164,18 +165,32 @@ def check_address(address: str, has_tls: bool, *, address_key: str, tls_key: str
 
 @dataclass(frozen=True, kw_only=True)
 class SyntheticConfig(Section):
-    """``data.synthetic``: Gaussian blobs, only for ``data.source: synthetic:blobs``."""
+    """``data.synthetic``: generated classes, only for ``data.source: synthetic:blobs``.
+
+    ``generator``: ``blobs`` (:func:`~kahm_dask.pipeline.stores.synthetic.synthetic_blobs`,
+    Gaussian blobs whose classes differ by a few thousandths per feature) or ``directions``
+    (:func:`~kahm_dask.pipeline.stores.synthetic.synthetic_directions`: classes that differ along
+    ``n_directions`` directions with ``amplitude`` per feature, learnable from DP rows at scale).
+    ``n_directions`` and ``amplitude`` are used by ``directions`` only.
+    """
 
     _key: ClassVar[str] = "data.synthetic"
     n_samples: int = field(default=100_000, metadata=bound(ge=1))
     n_features: int = field(default=64, metadata=bound(ge=1))
     n_classes: int = field(default=10, metadata=bound(ge=2))
     dtype: Dtype = "float64"
+    generator: SyntheticGenerator = "blobs"
+    n_directions: int = field(default=16, metadata=bound(ge=1))
+    amplitude: float = field(default=1.0, metadata=bound(ge=0))
 
     def _validate(self) -> None:
         if self.n_samples < self.n_classes:
             raise invalid_value(
                 "data.synthetic.n_samples", f"must be >= n_classes ({self.n_classes})", self.n_samples
+            )
+        if self.generator == "directions" and self.n_directions > self.n_features:
+            raise invalid_value(
+                "data.synthetic.n_directions", f"must be <= n_features ({self.n_features})", self.n_directions
             )
 
 

@@ -29,7 +29,7 @@ from kahm_dask.datasets import load_bundled, split_and_scale
 from kahm_dask.pipeline.config import SYNTHETIC_SOURCE
 from kahm_dask.pipeline.runs.layout import run_paths
 from kahm_dask.pipeline.stores.dataset import DatasetStore, ingest, open_dataset, store_bounds, write_dataset
-from kahm_dask.pipeline.stores.synthetic import synthetic_blobs
+from kahm_dask.pipeline.stores.synthetic import synthetic_blobs, synthetic_directions
 from kahm_dask.privacy.bounds import (
     BOUNDS_PRIVATE,
     BOUNDS_PRIVATE_SCALING,
@@ -218,10 +218,14 @@ def _write_data_stores(
         source_dtype = "float64"
     elif data.source == SYNTHETIC_SOURCE:
         syn = data.synthetic
-        X, y = synthetic_blobs(
-            syn.n_samples, syn.n_features, syn.n_classes, seed=data.split_seed, dtype=syn.dtype,
-            chunk_rows=data.chunk_rows or 20_000,
-        )
+        common = dict(seed=data.split_seed, dtype=syn.dtype, chunk_rows=data.chunk_rows or 20_000)
+        if syn.generator == "directions":
+            X, y = synthetic_directions(
+                syn.n_samples, syn.n_features, syn.n_classes, n_directions=syn.n_directions,
+                amplitude=syn.amplitude, **common,
+            )
+        else:
+            X, y = synthetic_blobs(syn.n_samples, syn.n_features, syn.n_classes, **common)
         n_train = syn.n_samples if test_path is None else syn.n_samples - int(round(syn.n_samples * data.test_size))
         Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]  # labels are i.i.d.
         source_dtype = syn.dtype

@@ -1,4 +1,6 @@
-"""Synthetic class data generated lazily on the workers: :func:`synthetic_blobs`.
+"""Synthetic class data generated lazily on the workers: :func:`synthetic_blobs` (Gaussian blobs
+whose classes differ by a few thousandths per feature) and :func:`synthetic_directions` (classes
+that differ along a few directions, strongly enough to be learnt from DP rows).
 
 The rows never exist whole in memory, and each task's description is a few hundred bytes
 whatever the data size: a task regenerates what it needs from the seed (the class and mode
@@ -22,7 +24,7 @@ import numpy as np
 
 from kahm_dask._random import child_seed_sequence
 
-__all__ = ["GENERATOR_ROWS", "synthetic_blobs", "blob_labels"]
+__all__ = ["GENERATOR_ROWS", "synthetic_blobs", "blob_labels", "synthetic_directions", "direction_labels"]
 
 #: Rows per generator block (the unit of the random streams; chunks may be any size).
 GENERATOR_ROWS = 256
@@ -112,6 +114,106 @@ def synthetic_blobs(
     def block(block_info=None) -> np.ndarray:  # closes over scalars only: a task stays small
         (start, stop), _ = block_info[None]["array-location"]
         return _rows(start, stop, **spec)
+
+    X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
+    return X, y
+
+
+# --------------------------------------------------------------------------- class directions
+
+
+@lru_cache(maxsize=4)
+def _directions(seed: int, n_classes: int, n_features: int, n_directions: int) -> tuple[np.ndarray, np.ndarray]:
+    """The signal basis B (p, k) with orthonormal columns and the class centres M (C, k) ~ N(0, I_k),
+    from ``child(SeedSequence(seed), 2)``. Cached per process (read-only)."""
+    if n_directions > n_features:
+        raise ValueError(f"n_directions ({n_directions}) must not exceed n_features ({n_features}).")
+    rng = np.random.default_rng(child_seed_sequence(np.random.SeedSequence(seed), 2))
+    basis, _ = np.linalg.qr(rng.standard_normal((n_features, n_directions)))
+    centres = rng.standard_normal((n_classes, n_directions))
+    basis.setflags(write=False)
+    centres.setflags(write=False)
+    return basis, centres
+
+
+def _direction_block_rng(seed: int, g: int) -> np.random.Generator:
+    return np.random.default_rng(child_seed_sequence(np.random.SeedSequence(seed), 3, g))
+
+
+def direction_labels(n_samples: int, n_classes: int, *, seed: int) -> np.ndarray:
+    """The labels (N,) int64 of :func:`synthetic_directions` with the same arguments, without its rows."""
+    parts = [
+        _direction_block_rng(seed, g).integers(0, n_classes, size=min(GENERATOR_ROWS, n_samples - start))
+        for g, start in enumerate(_block_sizes(n_samples))
+    ]
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
+
+def _direction_rows(start: int, stop: int, *, seed: int, n_classes: int, n_features: int, n_directions: int,
+                    amplitude: float, n_samples: int, dtype: str) -> np.ndarray:
+    """Rows ``start:stop`` (stop − start, p) of :func:`synthetic_directions`."""
+    basis, centres = _directions(seed, n_classes, n_features, n_directions)
+    gain = amplitude * np.sqrt(n_features / n_directions)  # a latent unit is `amplitude` per feature (RMS)
+    out = np.empty((stop - start, n_features), dtype=dtype)
+    for g in range(start // GENERATOR_ROWS, (stop - 1) // GENERATOR_ROWS + 1):
+        g_start = g * GENERATOR_ROWS
+        n = min(GENERATOR_ROWS, n_samples - g_start)
+        rng = _direction_block_rng(seed, g)
+        y = rng.integers(0, n_classes, size=n)  # labels, latent spread, feature noise: in this order
+        latent = centres[y] + rng.standard_normal((n, n_directions))
+        t = gain * (latent @ basis.T) + rng.standard_normal((n, n_features))
+        lo, hi = max(start, g_start), min(stop, g_start + n)
+        out[lo - start : hi - start] = 1.0 / (1.0 + np.exp(-t[lo - g_start : hi - g_start] / SQUASH))
+    return out
+
+
+def synthetic_directions(
+    n_samples: int, n_features: int, n_classes: int, *, seed: int, chunk_rows: int = 20_000,
+    dtype: str = "float64", n_directions: int = 16, amplitude: float = 1.0,
+) -> tuple[da.Array, np.ndarray]:
+    """Lazy class data squashed to (0, 1) whose classes differ along ``n_directions`` directions:
+    X (N, p) dask array with ``chunk_rows``-row chunks, y (N,) int64.
+
+    Signal model: a fixed basis B (p, k) with orthonormal columns (k = ``n_directions``) and
+    class centres μ_c ~ N(0, I_k) in its coordinates. A row of class y is
+
+        x = 1 / (1 + exp(−t / 4)),   t = a·√(p/k)·B(μ_y + w) + z,   w ~ N(0, I_k), z ~ N(0, I_p),
+
+    with a = ``amplitude``: a class centre (an N(0, I_k) draw) moves every feature by ``a`` (RMS)
+    before the squash, the same order as the unit feature noise z when a ≈ 1. The classes overlap
+    through w (within-class spread as large as the spread of the centres) and z, so even the best
+    classifier stays below 100 %. Two class centres are ≈ a·√(2p)/16 apart after the squash
+    (Euclidean over the p features; 1.1 for a = 0.2, p = 4096): a few hundredths per feature, far
+    below the noise of ε-DP rows on [0, 1] (s.d. ≈ √2/ε per entry). That noise is independent
+    across rows, so a class model fitted on n noisy rows sees it shrunk by √n while the class
+    structure stays: the classes are learnable from DP rows when there are many rows.
+
+    Labels, w and z of generator block ``g`` come from ``child(SeedSequence(seed), 3, g)`` (B and
+    μ from ``child(SeedSequence(seed), 2)``), so the rows do not depend on the chunking and a task
+    carries only scalars (module docstring).
+
+    Examples
+    --------
+    >>> X, y = synthetic_directions(1000, 64, 3, seed=0, chunk_rows=300, n_directions=4)
+    >>> X.shape, X.chunks[0], y.shape
+    ((1000, 64), (300, 300, 300, 100), (1000,))
+    >>> bool((direction_labels(1000, 3, seed=0) == y).all())
+    True
+    """
+    if n_directions < 1:
+        raise ValueError(f"n_directions must be >= 1, got {n_directions}.")
+    if not (np.isfinite(amplitude) and amplitude >= 0):
+        raise ValueError(f"amplitude must be a finite number >= 0, got {amplitude}.")
+    if n_directions > n_features:
+        raise ValueError(f"n_directions ({n_directions}) must not exceed n_features ({n_features}).")
+    y = direction_labels(n_samples, n_classes, seed=seed)
+    chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
+    spec = dict(seed=seed, n_classes=n_classes, n_features=n_features, n_directions=int(n_directions),
+                amplitude=float(amplitude), n_samples=n_samples, dtype=str(np.dtype(dtype)))
+
+    def block(block_info=None) -> np.ndarray:  # closes over scalars only: a task stays small
+        (start, stop), _ = block_info[None]["array-location"]
+        return _direction_rows(start, stop, **spec)
 
     X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
     return X, y

@@ -497,3 +497,18 @@ def test_own_npz_template_asks_for_bounds():
     assert "# bounds: [0, 255]" in text and "FILL IN" in text
     cfg = load_config(PIPELINES / "own_npz.yaml")
     assert cfg.data.bounds is None  # until the owner fills it in: the warning path
+
+
+def test_synthetic_generator_directions_and_its_checks():
+    cfg = _from(_with("data.source", "synthetic:blobs"))
+    assert cfg.data.synthetic.generator == "blobs"  # the existing pipelines keep their data
+    cfg = cfg.with_overrides(**{"data.synthetic.generator": "directions", "data.synthetic.amplitude": 0.2,
+                                "data.synthetic.n_directions": 8})
+    syn = cfg.data.synthetic
+    assert (syn.generator, syn.amplitude, syn.n_directions) == ("directions", 0.2, 8)
+    with pytest.raises(ConfigError, match="data.synthetic.generator"):
+        cfg.with_overrides(**{"data.synthetic.generator": "spheres"})
+    with pytest.raises(ConfigError, match="'data.synthetic.n_directions'.*n_features"):
+        cfg.with_overrides(**{"data.synthetic.n_features": 4})
+    with pytest.raises(ConfigError, match="'data.synthetic.amplitude'"):
+        cfg.with_overrides(**{"data.synthetic.amplitude": -0.5})
