@@ -117,7 +117,7 @@ def test_worker_killed_mid_prediction(tmp_path, baseline_run):
         wait_for(lambda: written() >= 1 or not job.thread.is_alive(), 300, "no prediction chunk written")
         victim = None
         while victim is None and job.thread.is_alive():
-            victim = _busy_worker(client, cluster, "kahm-dist")
+            victim = _busy_worker(client, cluster, "kahm-home")
             time.sleep(0.01)
         done = written()
         assert victim is not None, "no worker was computing distances"

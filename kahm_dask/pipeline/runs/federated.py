@@ -43,7 +43,7 @@ Prediction: per site, the lazy per-class distances of
 ``(ρ_q, ĉ_q)`` (min and argmin over the site's classes) and written to the site's answer
 store; the global decision is a lazy blockwise :func:`kahm_dask.federated.combine` over the Q
 answer stores. No per-class distance leaves a site or reaches the client. Each site answers
-in its own graph because ``class_distance_array`` names its layers ``kahm-dist-c{c}-s{s}``
+in its own graph because ``class_distance_array`` names its layers ``kahm-home-…``
 whatever the model store: two sites' layers in one graph would share keys.
 
 Everything a central run does too (connecting, computing, the folder layout, the accuracy and

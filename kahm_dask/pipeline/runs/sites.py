@@ -160,7 +160,7 @@ def answer_to_store(
     """Site q answers the queries X (m, p): ``(ρ_q, ĉ_q)`` into the Zarr group ``path``
     (arrays ``min_distance`` and ``label``), its only output. With ``pin`` all of it runs on
     the workers with resource ``site{q}``. One graph per site: the model stores of all sites
-    name their layers alike (``kahm-dist-c{c}-s{s}``). X are queries (the coordinator's test
+    name their layers alike (``kahm-home-…``). X are queries (the coordinator's test
     rows), sent to every site: never pass a site's training rows here."""
     with pinned(q, pin):
         rho, code = site_answer_arrays(model_path, X, classes, n_probe=n_probe, eval_dtype=eval_dtype)
