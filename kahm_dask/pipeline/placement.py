@@ -11,7 +11,7 @@ N_b × (p + 1) per layer; a block is O(m · N_b · (n + p))). The placement is a
 
 Dask's graph optimisation fuses blockwise layers and, by default, intersects their worker
 annotations, and its low-level fusion renames the tasks of linear chains, which drops their
-annotations: either way a cluster's distance task merged into the per-class minimum loses its
+annotations: either way a home's distance task merged into the minimum over the homes loses its
 home. A placed graph is therefore computed without graph optimisation (``optimize_graph=False``),
 as built: one task per block of each layer. Configuring the optimisation instead (annotated
 layers kept apart, no low-level fusion) does not hold: Dask optimises a graph lazily where it is

@@ -1,10 +1,13 @@
-"""Distributed prediction: per-cluster distance blocks, a min over the clusters of each class,
-an argmin over classes (the paper's Definitions 6–7; docs/algorithm.md#wide-kahm,
+"""Distributed prediction: per-cluster distances, a min over the clusters of each class, an
+argmin over classes (the paper's Definitions 6–7; docs/algorithm.md#wide-kahm,
 docs/algorithm.md#classifier) — a reduction, not a gather.
 
-Test rows stay in Zarr, chunked by rows. For every cluster model, ``map_blocks`` gives one
-(rows,) distance block per row chunk; ``min`` over a class's clusters and ``argmin`` over
-classes run blockwise too. Distances and predictions are written back to Zarr.
+Test rows stay in Zarr (or the caller's dask array), chunked by rows. For every row chunk and
+every home worker (:mod:`kahm_dask.pipeline.placement`), one task evaluates the cluster models
+that worker is home to and gives an (m, C) block of per-class minima (:func:`_home_block`); a
+blockwise minimum over the homes' blocks is the class distances, and ``argmin`` over classes runs
+blockwise too. A routed class has one task per (row chunk, home of its clusters). Distances and
+predictions are written back to Zarr.
 """
 
 from __future__ import annotations
