@@ -30,6 +30,8 @@ __all__ = [
     "blas_limited_here",
     "register_worker_plugins",
     "prepare_workers",
+    "current_worker",
+    "is_small_worker",
     "set_malloc_thresholds",
     "release_free_memory",
 ]
@@ -106,16 +108,34 @@ def release_free_memory() -> int:
     return int(libc.malloc_trim(0)) if libc is not None and hasattr(libc, "malloc_trim") else 0
 
 
+def current_worker() -> Any | None:
+    """The Dask worker running the caller, or None outside a worker."""
+    from distributed import get_worker
+
+    try:
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def is_small_worker(worker: Any, min_memory_limit: int = MIN_MEMORY_LIMIT) -> bool:
+    """Whether ``worker`` has a memory limit below ``min_memory_limit`` (default
+    :data:`MIN_MEMORY_LIMIT`): the rule by which :class:`ReusedHeap`, :class:`TaskCode` and the
+    trained models' cache (:func:`~kahm_dask.pipeline.stores.model.remember_trained_cluster`)
+    leave its memory to its tasks."""
+    limit = worker.memory_manager.memory_limit
+    return bool(limit) and limit < min_memory_limit
+
+
 class _LargeWorkerPlugin(WorkerPlugin):
     """A worker plugin that leaves alone a worker with a memory limit below ``min_memory_limit``
-    (default :data:`MIN_MEMORY_LIMIT`): the rule :class:`ReusedHeap` and :class:`TaskCode` share."""
+    (default :data:`MIN_MEMORY_LIMIT`, :func:`is_small_worker`)."""
 
     def __init__(self, min_memory_limit: int = MIN_MEMORY_LIMIT) -> None:
         self.min_memory_limit = int(min_memory_limit)
 
     def _is_small(self, worker: Any) -> bool:
-        limit = worker.memory_manager.memory_limit
-        return bool(limit) and limit < self.min_memory_limit
+        return is_small_worker(worker, self.min_memory_limit)
 
 
 class ReusedHeap(_LargeWorkerPlugin):
@@ -281,9 +301,8 @@ def prepare_workers(client: Any) -> None:
     the plugins of :func:`register_worker_plugins`, once per client.
 
     Without them a worker computes with Dask's allocator setting (``MALLOC_TRIM_THRESHOLD_``,
-    see :class:`ReusedHeap`): measured on MNIST, each cluster task took 0.25 s instead of 0.22 s,
-    and the estimator's fit on the user's ``LocalCluster`` was that much slower than on one
-    :func:`~kahm_dask.pipeline.cluster.connect` started (docs/performance.md#the-users-client).
+    see :class:`ReusedHeap`): measured on MNIST, one cluster's fit took 0.31–0.33 s in such a
+    worker against 0.25–0.27 s with the plugins (docs/performance.md#the-users-client).
     Workers that run in this process (a threaded cluster, ``Client(processes=False)``) are left
     alone: the plugins would change this process's BLAS threads and allocator.
     """

@@ -48,7 +48,7 @@ from zarr.api import asynchronous as zarr_async
 from zarr.core.sync import sync  # Zarr's own bridge from synchronous code to its event loop
 
 from kahm_dask.deep import DeepKAHM
-from kahm_dask.pipeline.cluster.plugins import MIN_MEMORY_LIMIT
+from kahm_dask.pipeline.cluster.plugins import current_worker, is_small_worker
 from kahm_dask.storage.atomic import sibling_path
 from kahm_dask.storage.codecs import ARRAY_CODECS, model_chunks
 from kahm_dask.storage.location import COMPLETE_FILE, Location, LocationLike, as_location
@@ -289,14 +289,15 @@ def remember_trained_cluster(model: DeepKAHM, written: LocationLike, served: Loc
     The staged store becomes the committed one by a rename, which keeps the completion marker's
     inode, modification time and size (:func:`_cache_key`); elsewhere (a copy to another file
     system or an object store) the key would never match, and nothing is put; nor on a worker with
-    a memory limit below :data:`~kahm_dask.pipeline.cluster.plugins.MIN_MEMORY_LIMIT`, whose
+    a memory limit below :data:`~kahm_dask.pipeline.cluster.plugins.MIN_MEMORY_LIMIT`
+    (:func:`~kahm_dask.pipeline.cluster.plugins.is_small_worker`), whose
     training tasks need that memory (the 1 GiB workers of the larger-than-memory run). The cached
     model is built from the state that was written, as :func:`load_cluster` builds it from the
     state read.
     """
     written, served = as_location(written), as_location(served)
-    limit = _worker_memory_limit()
-    if not (written.is_local and served.is_local) or (limit is not None and limit < MIN_MEMORY_LIMIT):
+    worker = current_worker()
+    if not (written.is_local and served.is_local) or (worker is not None and is_small_worker(worker)):
         return
     layer_states, meta = model.to_state()
     states = [({name: np.ascontiguousarray(a) for name, a in arrays.items()}, sc) for arrays, sc in layer_states]
@@ -362,19 +363,9 @@ def model_cache_bytes() -> int:
     env = os.environ.get("KAHM_DASK_MODEL_CACHE_MB")
     if env:
         return int(env) * 2**20
-    limit = _worker_memory_limit()
+    worker = current_worker()
+    limit = None if worker is None else worker.memory_manager.memory_limit
     return int(MODEL_CACHE_FRACTION * limit) if limit else MODEL_CACHE_DEFAULT_BYTES
-
-
-def _worker_memory_limit() -> int | None:
-    """The memory limit (bytes) of the Dask worker running the caller; None outside a worker or
-    for a worker without a limit."""
-    try:
-        from distributed import get_worker
-
-        return get_worker().memory_manager.memory_limit or None
-    except ValueError:  # not in a worker
-        return None
 
 
 #: Share of the model cache's budget that the routing centres may take besides it.

@@ -24,6 +24,7 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from kahm_dask._validation import as_float_rows
+from kahm_dask.pipeline.cluster.plugins import current_worker
 from kahm_dask.pipeline.stores.model import cluster_done, cluster_location, remember_trained_cluster, save_cluster
 from kahm_dask.recipe import TrainParams
 from kahm_dask.storage.location import LocationLike, as_location
@@ -83,16 +84,6 @@ def _fitted(params: TrainParams) -> str:
     return "X_noisy" if params.private else "X"
 
 
-def _worker_address() -> str | None:
-    """The address of the Dask worker running the caller (None outside a worker)."""
-    try:
-        from distributed import get_worker
-
-        return get_worker().address
-    except ValueError:
-        return None
-
-
 def _train(read: Callable[[], dict[str, np.ndarray]], model_path: LocationLike, c: int, s: int,
            params: TrainParams, served: LocationLike | None) -> dict:
     done = cluster_done(model_path, c, s)
@@ -111,4 +102,5 @@ def _train(read: Callable[[], dict[str, np.ndarray]], model_path: LocationLike, 
     written = save_cluster(model_path, c, s, fit.model, info, fit.dp_rows)
     if served is not None:
         remember_trained_cluster(fit.model, written, cluster_location(served, c, s))
-    return {**info, "seconds": round(time.perf_counter() - t0, 4), "resumed": False, "worker": _worker_address()}
+    return {**info, "seconds": round(time.perf_counter() - t0, 4), "resumed": False,
+            "worker": None if (worker := current_worker()) is None else worker.address}
