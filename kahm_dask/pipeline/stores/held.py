@@ -24,14 +24,8 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from kahm_dask.pipeline.stores.rows import (
-    check_length,
-    check_matrix_shape,
-    checked_block,
-    encode_labels,
-    label_array,
-    rows_per_chunk,
-)
+from kahm_dask.pipeline.stores.rows import checked_block, encode_labels, rows_per_chunk
+from kahm_dask.pipeline.stores.sources import checked_labels
 
 __all__ = ["HeldRows", "hold_rows"]
 
@@ -99,18 +93,13 @@ def hold_rows(X: Any, y: Any, *, chunk_rows: int | None = None) -> HeldRows:
     ``chunk_rows``: rows per chunk of a NumPy X (the stores' default, about 32 MiB, if None); a
     dask X keeps its row chunks and gets one chunk across the features.
     """
-    if isinstance(X, da.Array):
-        if any(np.isnan(c) for dim in X.chunks for c in dim):
-            raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first.")
-        check_matrix_shape(X.shape, X.dtype, "X")
-        rows = X.rechunk({1: -1}).map_blocks(_checked, dtype=np.float64, meta=np.empty((0, 0)),
-                                             name=f"kahm-held-rows-{uuid.uuid4().hex}")
-    else:
+    if not isinstance(X, da.Array):
         X = np.asarray(X, dtype=np.float64)
-        check_matrix_shape(X.shape, X.dtype, "X")
-        step = rows_per_chunk(chunk_rows, X.shape[0], X.shape[1], X.dtype)
-        rows = da.from_array(X, chunks=(step, -1), name=f"kahm-held-rows-{uuid.uuid4().hex}")
-    labels = label_array(y.compute() if isinstance(y, da.Array) else y, "y")
-    check_length(labels, rows.shape[0], "y", "X")
+    labels = checked_labels(X, y)
+    name = f"kahm-held-rows-{uuid.uuid4().hex}"
+    if isinstance(X, da.Array):
+        rows = X.rechunk({1: -1}).map_blocks(_checked, dtype=np.float64, meta=np.empty((0, 0)), name=name)
+    else:
+        rows = da.from_array(X, chunks=(rows_per_chunk(chunk_rows, X.shape[0], X.shape[1], X.dtype), -1), name=name)
     classes, codes = encode_labels(labels)
     return HeldRows(rows, codes, tuple(classes))

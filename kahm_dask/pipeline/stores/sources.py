@@ -63,6 +63,18 @@ class Source:
 # ------------------------------------------------------------------------ arrays
 
 
+def checked_labels(X: Any, y: Any) -> np.ndarray:
+    """The labels (N,) of the rows X (N, p), after the checks every source of rows gets: known
+    chunk sizes (a dask X), a 2-D matrix of real numbers, one label per row (a dask y is
+    computed; :func:`~kahm_dask.pipeline.stores.rows.label_array`)."""
+    if isinstance(X, da.Array) and any(np.isnan(c) for dim in X.chunks for c in dim):
+        raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first.")
+    check_matrix_shape(X.shape, X.dtype, "X")
+    labels = label_array(y.compute() if isinstance(y, da.Array) else y, "y")
+    check_length(labels, X.shape[0], "y", "X")
+    return labels
+
+
 def array_source(X: Any, y: Any, description: str) -> Source:
     """Rows from an in-memory array (or anything with shape, dtype and row slicing), written
     chunk by chunk on up to :data:`ARRAY_WRITE_THREADS` threads of the calling process (the
@@ -71,9 +83,7 @@ def array_source(X: Any, y: Any, description: str) -> Source:
     compressed bytes)."""
     if not (hasattr(X, "shape") and hasattr(X, "dtype")):
         X = np.asarray(X)
-    check_matrix_shape(X.shape, X.dtype, "X")
-    labels = label_array(y, "y")
-    check_length(labels, X.shape[0], "y", "X")
+    labels = checked_labels(X, y)
 
     def write_x(x: zarr.Array) -> WrittenRows:
         step = x.chunks[0]
@@ -87,11 +97,7 @@ def array_source(X: Any, y: Any, description: str) -> Source:
 
 def dask_source(X: da.Array, y: Any, description: str) -> Source:
     """Rows from a Dask array, written in parallel chunk by chunk (never loaded whole)."""
-    if any(np.isnan(c) for dim in X.chunks for c in dim):
-        raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first.")
-    check_matrix_shape(X.shape, X.dtype, "X")
-    labels = label_array(y.compute() if isinstance(y, da.Array) else y, "y")
-    check_length(labels, X.shape[0], "y", "X")
+    labels = checked_labels(X, y)
 
     def write_x(x: zarr.Array) -> WrittenRows:
         x.resize(X.shape)
