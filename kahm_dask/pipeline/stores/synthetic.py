@@ -17,7 +17,9 @@ then its modes, then its noise), and a chunk draws the blocks it overlaps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -68,22 +70,43 @@ def blob_labels(n_samples: int, n_classes: int, *, seed: int, modes_per_class: i
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def _rows(start: int, stop: int, *, seed: int, n_classes: int, modes_per_class: int, n_features: int,
-          separation: float, n_samples: int, dtype: str) -> np.ndarray:
-    """Rows ``start:stop`` (stop − start, p): squashed Gaussian draws around their mode centre."""
+def _blob_block(g: int, n: int, *, seed: int, n_classes: int, modes_per_class: int, n_features: int,
+                separation: float) -> np.ndarray:
+    """The (n, p) values before the squash of generator block ``g`` of :func:`synthetic_blobs`:
+    Gaussian draws around their mode centre."""
     centres = _centres(seed, n_classes, modes_per_class, n_features, separation)
+    rng = _block_rng(seed, g)
+    y, mode = _block_codes(rng, n, n_classes, modes_per_class)
+    return centres[y, mode] + rng.standard_normal((n, n_features))
+
+
+def _rows(start: int, stop: int, *, draw: Callable[..., np.ndarray], n_samples: int, n_features: int, dtype: str,
+          **params: Any) -> np.ndarray:
+    """Rows ``start:stop`` (stop − start, p), squashed into (0, 1): the generator blocks the rows
+    overlap, each drawn whole by ``draw(g, n, n_features=…, **params)`` (its values before the
+    squash, (n, p)) and cut to the rows asked for."""
     out = np.empty((stop - start, n_features), dtype=dtype)
-    first, last = start // GENERATOR_ROWS, (stop - 1) // GENERATOR_ROWS
-    for g in range(first, last + 1):  # the few generator blocks this chunk overlaps
+    for g in range(start // GENERATOR_ROWS, (stop - 1) // GENERATOR_ROWS + 1):  # the few blocks overlapped
         g_start = g * GENERATOR_ROWS
         n = min(GENERATOR_ROWS, n_samples - g_start)
-        rng = _block_rng(seed, g)
-        y, mode = _block_codes(rng, n, n_classes, modes_per_class)
-        x = centres[y, mode] + rng.standard_normal((n, n_features))
+        x = draw(g, n, n_features=n_features, **params)
         lo, hi = max(start, g_start), min(stop, g_start + n)
-        x = x[lo - g_start : hi - g_start]
-        out[lo - start : hi - start] = 1.0 / (1.0 + np.exp(-x / SQUASH))
+        out[lo - start : hi - start] = 1.0 / (1.0 + np.exp(-x[lo - g_start : hi - g_start] / SQUASH))
     return out
+
+
+def _lazy_rows(draw: Callable[..., np.ndarray], n_samples: int, n_features: int, chunk_rows: int, dtype: str,
+               **params: Any) -> da.Array:
+    """The (N, p) dask array of :func:`_rows` with ``chunk_rows``-row chunks; each task closes over
+    ``draw`` (a module function) and scalars only, so it stays small (module docstring)."""
+    chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
+    spec = dict(draw=draw, n_samples=n_samples, n_features=n_features, dtype=str(np.dtype(dtype)), **params)
+
+    def block(block_info=None) -> np.ndarray:
+        (start, stop), _ = block_info[None]["array-location"]
+        return _rows(start, stop, **spec)
+
+    return da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
 
 
 def synthetic_blobs(
@@ -107,15 +130,8 @@ def synthetic_blobs(
     True
     """
     y = blob_labels(n_samples, n_classes, seed=seed, modes_per_class=modes_per_class)
-    chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
-    spec = dict(seed=seed, n_classes=n_classes, modes_per_class=modes_per_class, n_features=n_features,
-                separation=float(separation), n_samples=n_samples, dtype=str(np.dtype(dtype)))
-
-    def block(block_info=None) -> np.ndarray:  # closes over scalars only: a task stays small
-        (start, stop), _ = block_info[None]["array-location"]
-        return _rows(start, stop, **spec)
-
-    X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
+    X = _lazy_rows(_blob_block, n_samples, n_features, chunk_rows, dtype, seed=seed, n_classes=n_classes,
+                   modes_per_class=modes_per_class, separation=float(separation))
     return X, y
 
 
@@ -125,9 +141,8 @@ def synthetic_blobs(
 @lru_cache(maxsize=4)
 def _directions(seed: int, n_classes: int, n_features: int, n_directions: int) -> tuple[np.ndarray, np.ndarray]:
     """The signal basis B (p, k) with orthonormal columns and the class centres M (C, k) ~ N(0, I_k),
-    from ``child(SeedSequence(seed), 2)``. Cached per process (read-only)."""
-    if n_directions > n_features:
-        raise ValueError(f"n_directions ({n_directions}) must not exceed n_features ({n_features}).")
+    from ``child(SeedSequence(seed), 2)``; ``n_directions`` ≤ ``n_features`` (checked by
+    :func:`synthetic_directions`). Cached per process (read-only)."""
     rng = np.random.default_rng(child_seed_sequence(np.random.SeedSequence(seed), 2))
     basis, _ = np.linalg.qr(rng.standard_normal((n_features, n_directions)))
     centres = rng.standard_normal((n_classes, n_directions))
@@ -149,22 +164,15 @@ def direction_labels(n_samples: int, n_classes: int, *, seed: int) -> np.ndarray
     return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
-def _direction_rows(start: int, stop: int, *, seed: int, n_classes: int, n_features: int, n_directions: int,
-                    amplitude: float, n_samples: int, dtype: str) -> np.ndarray:
-    """Rows ``start:stop`` (stop − start, p) of :func:`synthetic_directions`."""
+def _direction_block(g: int, n: int, *, seed: int, n_classes: int, n_features: int, n_directions: int,
+                     amplitude: float) -> np.ndarray:
+    """The (n, p) values before the squash of generator block ``g`` of :func:`synthetic_directions`."""
     basis, centres = _directions(seed, n_classes, n_features, n_directions)
     gain = amplitude * np.sqrt(n_features / n_directions)  # a latent unit is `amplitude` per feature (RMS)
-    out = np.empty((stop - start, n_features), dtype=dtype)
-    for g in range(start // GENERATOR_ROWS, (stop - 1) // GENERATOR_ROWS + 1):
-        g_start = g * GENERATOR_ROWS
-        n = min(GENERATOR_ROWS, n_samples - g_start)
-        rng = _direction_block_rng(seed, g)
-        y = rng.integers(0, n_classes, size=n)  # labels, latent spread, feature noise: in this order
-        latent = centres[y] + rng.standard_normal((n, n_directions))
-        t = gain * (latent @ basis.T) + rng.standard_normal((n, n_features))
-        lo, hi = max(start, g_start), min(stop, g_start + n)
-        out[lo - start : hi - start] = 1.0 / (1.0 + np.exp(-t[lo - g_start : hi - g_start] / SQUASH))
-    return out
+    rng = _direction_block_rng(seed, g)
+    y = rng.integers(0, n_classes, size=n)  # labels, latent spread, feature noise: in this order
+    latent = centres[y] + rng.standard_normal((n, n_directions))
+    return gain * (latent @ basis.T) + rng.standard_normal((n, n_features))
 
 
 def synthetic_directions(
@@ -207,13 +215,6 @@ def synthetic_directions(
     if n_directions > n_features:
         raise ValueError(f"n_directions ({n_directions}) must not exceed n_features ({n_features}).")
     y = direction_labels(n_samples, n_classes, seed=seed)
-    chunks = tuple(min(chunk_rows, n_samples - a) for a in range(0, n_samples, chunk_rows))
-    spec = dict(seed=seed, n_classes=n_classes, n_features=n_features, n_directions=int(n_directions),
-                amplitude=float(amplitude), n_samples=n_samples, dtype=str(np.dtype(dtype)))
-
-    def block(block_info=None) -> np.ndarray:  # closes over scalars only: a task stays small
-        (start, stop), _ = block_info[None]["array-location"]
-        return _direction_rows(start, stop, **spec)
-
-    X = da.map_blocks(block, chunks=(chunks, (n_features,)), dtype=np.dtype(dtype), meta=np.empty((0, 0), dtype))
+    X = _lazy_rows(_direction_block, n_samples, n_features, chunk_rows, dtype, seed=seed, n_classes=n_classes,
+                   n_directions=int(n_directions), amplitude=float(amplitude))
     return X, y
