@@ -92,8 +92,12 @@ def _rss_after_freeing_fragments(keep_thresholds_only: bool = False) -> dict:
 
 
 def _on_every_worker(client: Client, func) -> dict:
-    """Run ``func`` as a task on each worker; results by worker address."""
-    workers = list(client.scheduler_info()["workers"])
+    """Run ``func`` as a task on each worker; results by worker address. Waits for every worker
+    the client's cluster started to reach the scheduler first (a worker process can be up before
+    its registration has arrived: seen under load, one suite run in several)."""
+    if client.cluster is not None and client.cluster.workers:
+        client.wait_for_workers(len(client.cluster.workers), timeout=60)
+    workers = list(client.scheduler_info(n_workers=-1)["workers"])
     futures = {w: client.submit(func, workers=[w], pure=False) for w in workers}
     return {w: f.result(timeout=60) for w, f in futures.items()}
 
