@@ -453,6 +453,33 @@ class WideKAHM(_BatchEvaluator):
             Yq, self.centres_, n_probe, lambda s, rows: self.branches_[s]._distance_rows(rows, dtype=dtype)[0]
         )
 
+    def _distances_with_bound(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Γ_W (m,) of validated queries ``Yq`` (m, p) in ``dtype`` (None: ``eval_dtype``), every
+        branch evaluated, and a proven bound (m,) on |Γ_W − Γ_W,64| against the float64 evaluation
+        (docs/algorithm.md#float32-error-bound).
+
+        Each single-layer branch s gives Γ_s and a bound b_s (:meth:`KAHM._distances_with_bound`),
+        so Γ_W,64 = min_s Γ_s,64 lies in [min_s (Γ_s − b_s), min_s (Γ_s + b_s)]; the bound is the
+        larger distance from Γ_W to that interval's ends. A branch of more than one layer has no
+        bound (its later layers take the earlier ones' float32 images as input): +inf.
+        """
+        m = Yq.shape[0]
+        gamma, lower, upper = np.full(m, np.inf), np.full(m, np.inf), np.full(m, np.inf)
+        for branch in self.branches_:
+            if len(branch.layers_) == 1:
+                g, b = branch.layers_[0]._distances_with_bound(Yq, dtype)
+            else:
+                g, b = branch._distance_rows(Yq, dtype=dtype)[0], np.full(m, np.inf)
+            with np.errstate(invalid="ignore"):
+                low = np.where(np.isinf(b), -np.inf, g - b)
+            np.minimum(gamma, g, out=gamma)
+            np.minimum(lower, low, out=lower)
+            np.minimum(upper, g + b, out=upper)
+        with np.errstate(invalid="ignore"):
+            bound = np.maximum(upper - gamma, gamma - lower)
+        bound[~np.isfinite(bound)] = np.inf
+        return gamma, bound
+
     def _block_into(self, yq: np.ndarray, best_g, best_img, best_s, dtype: np.dtype) -> None:
         """Every branch's deep output for one block of query rows; keep the nearest
         (eqs. 57–58, Γ_W of eq. 64).

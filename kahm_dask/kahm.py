@@ -26,6 +26,7 @@ from kahm_dask._validation import (
     check_n_features,
     weights_dtype,
 )
+from kahm_dask.float32_bound import distance_bound, image_bound, nonnegative_sum_upper, row_norms_upper
 from kahm_dask.kernel import gaussian_kernel_matrix, kernel_scale
 from kahm_dask.params import check_params, parameter_constraints
 from kahm_dask.regularization import solve_lambda_spectral
@@ -426,18 +427,21 @@ class KAHM(TransformerMixin, BaseEstimator):
         self._codes_aug = codes_aug
         return query_map, query_offset, codes_aug
 
-    def _beta32(self) -> np.ndarray:
+    def _beta32(self) -> tuple[np.ndarray, np.ndarray]:
         """``beta_`` (N, p + 1) rounded to float32, the operand of the float32 GEMM
-        (docs/algorithm.md#evaluation-precision).
+        (docs/algorithm.md#evaluation-precision), and the (N, 2) upper bounds of
+        :func:`~kahm_dask.float32_bound.row_norms_upper`, the operand of the float32 error bound
+        (docs/algorithm.md#float32-error-bound).
 
-        Made on first use and kept on the instance with the ``beta_`` it was made from (a new
-        ``beta_``, e.g. a refit, makes it again); not part of :meth:`to_state` and never pickled.
-        One tuple assignment, so threads sharing a model at worst make it twice.
+        Made on first use and kept on the instance with the ``beta_`` they were made from (a new
+        ``beta_``, e.g. a refit, makes them again); not part of :meth:`to_state` and never pickled.
+        One tuple assignment, so threads sharing a model at worst make them twice.
         """
         cached = self.__dict__.get("_beta32_cache")
         if cached is None or cached[0] is not self.beta_:
-            cached = self._beta32_cache = (self.beta_, self.beta_.astype(np.float32))
-        return cached[1]
+            beta32 = self.beta_.astype(np.float32)
+            cached = self._beta32_cache = (self.beta_, beta32, row_norms_upper(beta32))
+        return cached[1], cached[2]
 
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__ itself
@@ -491,9 +495,12 @@ class KAHM(TransformerMixin, BaseEstimator):
         images[bad] = np.nan
         return images, bad
 
-    def _images_into(self, x: np.ndarray, out: np.ndarray, dtype: np.dtype | type = np.float64) -> np.ndarray:
+    def _images_into(self, x: np.ndarray, out: np.ndarray, dtype: np.dtype | type = np.float64,
+                     bound: np.ndarray | None = None) -> np.ndarray:
         """Images of the rows of ``x`` (m, p) written into ``out`` (m, p), both float64; returns
-        the guard mask (m,).
+        the guard mask (m,). With ``bound`` (m,), also writes there a proven bound on how far each
+        row's image lies from the float64 evaluation's (docs/algorithm.md#float32-error-bound:
+        0 in float64, which is that evaluation; +inf for a row either evaluation may guard).
 
         The fused batch formula of docs/algorithm.md#batched-evaluation, two GEMMs and three
         passes over the (m, N) block:
@@ -503,13 +510,12 @@ class KAHM(TransformerMixin, BaseEstimator):
         ``out = O[:, :p] / O[:, p]``. Rows with a degenerate weight sum (or non-finite input)
         get NaN. Temporaries live in per-thread buffers; keep ``m`` ≤ EVAL_BLOCK_ROWS.
 
-        ``dtype`` float32 (docs/algorithm.md#evaluation-precision): ``Zq`` and ``E − rowmax E``
-        stay float64, because E's entries carry the row constant ‖zq‖²/(2n) until the shift
-        (in float32 its rounding would be an error in every exponent, growing with the query's
-        distance from the data) and their GEMM, m·(n + 1)·N, is ~3% of the big one. The shifted
-        exponent (≤ 0) is rounded to float32, ``exp`` and ``O = Kq·B`` run in float32 (B from
-        :meth:`_beta32`), and the quotient is taken in float64 from the float32 O. The guard is
-        the same test on the float32 denominator.
+        ``dtype`` float32 (docs/algorithm.md#evaluation-precision): ``Zq``, ``E − rowmax E`` and
+        ``Kq = exp(E)`` are the float64 evaluation's, value for value (E's entries carry the row
+        constant ‖zq‖²/(2n) until the shift, so in float32 its rounding would be an error in every
+        exponent; their GEMM, m·(n + 1)·N, is ~3% of the big one). Kq is then rounded to float32
+        and ``O = Kq·B`` runs in float32 (B from :meth:`_beta32`), and the quotient is taken in
+        float64 from the float32 O. The guard is the same test on the float32 denominator.
         """
         m, p = x.shape
         try:
@@ -519,13 +525,15 @@ class KAHM(TransformerMixin, BaseEstimator):
         zq = np.matmul(x, query_map, out=_buffer("zq", (m, query_map.shape[1])))
         zq += query_offset
         E = np.matmul(zq, codes_aug, out=_buffer("E", (m, codes_aug.shape[1])))
-        if np.dtype(dtype) == np.float32:
-            Kq = np.subtract(E, E.max(axis=1, keepdims=True), out=_buffer("Kq", E.shape, np.float32))
-            np.exp(Kq, out=Kq)
-            O = np.matmul(Kq, self._beta32(), out=_buffer("O", (m, p + 1), np.float32))
+        np.subtract(E, E.max(axis=1, keepdims=True), out=E)
+        np.exp(E, out=E)
+        single = np.dtype(dtype) == np.float32
+        if single:
+            Kq = _buffer("Kq", E.shape, np.float32)
+            Kq[...] = E  # rounded once: the bound's k̂ = fl32(k)
+            beta32, norms32 = self._beta32()
+            O = np.matmul(Kq, beta32, out=_buffer("O", (m, p + 1), np.float32))
         else:
-            np.subtract(E, E.max(axis=1, keepdims=True), out=E)
-            np.exp(E, out=E)
             O = np.matmul(E, self.beta_, out=_buffer("O", (m, p + 1)))
         den = O[:, p].astype(np.float64, copy=False)  # float32: the quotient is formed in float64
         bad = ~(np.abs(den) >= self._den_threshold)  # also catches NaN
@@ -533,7 +541,30 @@ class KAHM(TransformerMixin, BaseEstimator):
             np.divide(O[:, :p], den[:, None], out=out)
         if bad.any():
             out[bad] = np.nan
+        if bound is not None:
+            if single:
+                bound[...] = image_bound(
+                    nonnegative_sum_upper(Kq @ norms32, Kq.shape[1]), den, np.sqrt(_row_sq_norms(out)),
+                    n_rows=Kq.shape[1], n_features=p, beta_max=float(np.max(np.abs(beta32))),
+                    threshold=self._den_threshold)
+            else:
+                bound[...] = np.where(bad, np.inf, 0.0)
         return bad
+
+    def _distances_with_bound(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Distances Γ (m,) of validated queries ``Yq`` (m, p) in ``dtype`` (None: ``eval_dtype``)
+        and a proven bound (m,) on |Γ − Γ₆₄| against the float64 evaluation
+        (docs/algorithm.md#float32-error-bound; +inf for a guarded row)."""
+        kernel_dtype = eval_dtype(self.eval_dtype if dtype is None else dtype, type(self).__name__)
+        m, p = Yq.shape
+        gamma, bound = np.empty(m), np.empty(m)
+        for rows in row_chunks(m, min(self.chunk_size, EVAL_BLOCK_ROWS)):
+            img = _buffer("bound-images", (rows.stop - rows.start, p))
+            bad = self._images_into(Yq[rows], img, kernel_dtype, bound=bound[rows])
+            diff = np.subtract(Yq[rows], img, out=_buffer("diff", img.shape))
+            gamma[rows] = np.sqrt(_row_sq_norms(diff))
+            gamma[rows][bad] = np.inf
+        return gamma, distance_bound(bound, gamma, p)
 
     def _warn_degenerate(self, bad: np.ndarray, x: np.ndarray, stacklevel: int = 3) -> None:
         """Warn about rows newly guarded here (rows whose input was already NaN do not count)."""
