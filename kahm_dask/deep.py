@@ -17,6 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from kahm_dask._batching import row_chunks
 from kahm_dask._validation import as_data_matrix, check_n_features, check_n_rows, weights_dtype
+from kahm_dask.float32_bound import class_intervals
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, KAHM, _buffer, _row_sq_norms, eval_dtype, principal_subspace
 from kahm_dask.params import check_estimator_params, parameter_constraints
 from kahm_dask.partition import (
@@ -141,8 +142,8 @@ class DeepKAHM(_BatchEvaluator):
         See :class:`~kahm_dask.KAHM`.
     chunk_size : int, default=1000
         Query rows per evaluation chunk of ``transform`` (memory only).
-    eval_dtype : {"float64", "float32"}, default="float64"
-        Precision of the kernel blocks at evaluation, passed to every layer; see
+    eval_dtype : {"auto", "float64", "float32"}, default="auto"
+        Precision of the kernel blocks at evaluation ("auto": float64), passed to every layer; see
         :class:`~kahm_dask.KAHM` and docs/algorithm.md#evaluation-precision.
 
     Attributes
@@ -180,7 +181,7 @@ class DeepKAHM(_BatchEvaluator):
         *,
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
-        eval_dtype: str = "float64",
+        eval_dtype: str = "auto",
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
@@ -238,6 +239,15 @@ class DeepKAHM(_BatchEvaluator):
         model.n_features_in_ = int(meta["n_features_in"])
         return model
 
+    def _distances_with_bound(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Γ_D (m,) of validated queries ``Yq`` (m, p) in ``dtype`` (None: ``eval_dtype``) and a
+        proven bound (m,) on |Γ_D − Γ_D,64| (docs/algorithm.md#float32-error-bound): the single
+        layer's (:meth:`KAHM._distances_with_bound`); +inf with more than one layer, whose later
+        layers take the earlier ones' float32 images as input."""
+        if len(self.layers_) == 1:
+            return self.layers_[0]._distances_with_bound(Yq, dtype)
+        return self._distance_rows(Yq, dtype=dtype)[0], np.full(Yq.shape[0], np.inf)
+
     def _block_into(self, yq: np.ndarray, best_g, best_img, best_l, dtype: np.dtype) -> None:
         """Nested layer outputs ``M_l`` (eq. 51) of one block of query rows (≤ EVAL_BLOCK_ROWS)
         and the running minimum of ``‖y − M_l(y)‖`` over the layers (eq. 55), while it is in cache.
@@ -289,8 +299,8 @@ class WideKAHM(_BatchEvaluator):
         centres are nearest to it (:mod:`kahm_dask.routing`,
         docs/algorithm.md#routing); None or ``n_probe ≥ S`` evaluates every branch (eq. 64
         exactly). ``transform`` always evaluates every branch.
-    eval_dtype : {"float64", "float32"}, default="float64"
-        Precision of the kernel blocks at evaluation (docs/algorithm.md#evaluation-precision),
+    eval_dtype : {"auto", "float64", "float32"}, default="auto"
+        Precision of the kernel blocks at evaluation ("auto": float64; docs/algorithm.md#evaluation-precision),
         for every branch whatever the branches' own setting; see :class:`~kahm_dask.KAHM`.
 
     Attributes
@@ -346,7 +356,7 @@ class WideKAHM(_BatchEvaluator):
         min_range: float | None = 1e-3,
         chunk_size: int = 1000,
         n_probe: int | None = None,
-        eval_dtype: str = "float64",
+        eval_dtype: str = "auto",
     ) -> None:
         self.n_components = n_components
         self.n_layers = n_layers
@@ -458,23 +468,19 @@ class WideKAHM(_BatchEvaluator):
         branch evaluated, and a proven bound (m,) on |Γ_W − Γ_W,64| against the float64 evaluation
         (docs/algorithm.md#float32-error-bound).
 
-        Each single-layer branch s gives Γ_s and a bound b_s (:meth:`KAHM._distances_with_bound`),
-        so Γ_W,64 = min_s Γ_s,64 lies in [min_s (Γ_s − b_s), min_s (Γ_s + b_s)]; the bound is the
-        larger distance from Γ_W to that interval's ends. A branch of more than one layer has no
-        bound (its later layers take the earlier ones' float32 images as input): +inf.
+        Each branch s gives Γ_s and a bound b_s (:meth:`DeepKAHM._distances_with_bound`: +inf for
+        a branch of more than one layer), so Γ_W,64 = min_s Γ_s,64 lies in
+        [min_s (Γ_s − b_s), min_s (Γ_s + b_s)]; the bound is the larger distance from Γ_W to that
+        interval's ends.
         """
         m = Yq.shape[0]
         gamma, lower, upper = np.full(m, np.inf), np.full(m, np.inf), np.full(m, np.inf)
         for branch in self.branches_:
-            if len(branch.layers_) == 1:
-                g, b = branch.layers_[0]._distances_with_bound(Yq, dtype)
-            else:
-                g, b = branch._distance_rows(Yq, dtype=dtype)[0], np.full(m, np.inf)
-            with np.errstate(invalid="ignore"):
-                low = np.where(np.isinf(b), -np.inf, g - b)
+            g, b = branch._distances_with_bound(Yq, dtype)
+            low, high = class_intervals(g, b)
             np.minimum(gamma, g, out=gamma)
             np.minimum(lower, low, out=lower)
-            np.minimum(upper, g + b, out=upper)
+            np.minimum(upper, high, out=upper)
         with np.errstate(invalid="ignore"):
             bound = np.maximum(upper - gamma, gamma - lower)
         bound[~np.isfinite(bound)] = np.inf

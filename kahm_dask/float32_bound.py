@@ -7,15 +7,15 @@ GEMM, the float64 one ``O = k·β`` by a float64 GEMM. With ``u = 2⁻²⁴`` an
 ``|fl(aᵀb) − aᵀb| ≤ γ_N |a|ᵀ|b|``, ``γ_N = N u_t / (1 − N u_t)`` for either precision ``u_t``
 (any summation order, with or without FMA), every entry obeys
 
-    |Ô_j − O_j| ≤ c_N Σ_k k̂_k |β̂_kj| + N τ (1 + |β̂_kj|),  c_N = (2u + γ_N(u) + γ_N(2⁻⁵³))(1 + 4u),
+    |Ô_j − O_j| ≤ c_N Σ_k k̂_k |β̂_kj| + N τ (1 + max_k |β̂_kj|),  c_N = (2u + γ_N(u) + γ_N(2⁻⁵³))(1 + 4u),
 
-where ``τ = 2⁻¹⁴⁹`` covers float32's subnormal range. Over the p image columns the 2-norm is then
-at most ``T = c_N S + t`` with ``S = Σ_k k̂_k ‖β̂_{k,:p}‖₂``, and in the weight-sum column
-``T_p = c_N S_p + t`` with ``S_p = Σ_k k̂_k |β̂_{k,p}|`` (``t`` the subnormal slack; S and S_p are one
-(m × N)·(N × 2) product per block). The images are quotients ``Ô_{:p}/Ô_p`` and ``O_{:p}/O_p``:
-they differ by at most ``B = (T + ‖x̂‖ T_p) / (|Ô_p| − T_p)`` plus the float64 roundings of the
-two quotients, and the distances ``Γ = ‖y − x‖`` by at most that plus the roundings of the two
-norms.
+where ``τ = 2⁻¹²⁶`` covers float32's subnormal range (also when subnormals are flushed to zero).
+Over the p image columns the 2-norm is then at most ``T = c_N S + t`` with
+``S = Σ_k k̂_k ‖β̂_{k,:p}‖₂``, and in the weight-sum column ``T_p = c_N S_p + t`` with
+``S_p = Σ_k k̂_k |β̂_{k,p}|`` (``t`` the subnormal slack; S and S_p are one (m × N)·(N × 2) product
+per block). The images are quotients ``Ô_{:p}/Ô_p`` and ``O_{:p}/O_p``: they differ by at most
+``B = (T + ‖x̂‖ T_p) / (|Ô_p| − T_p)`` plus the float64 roundings of the two quotients, and the
+distances ``Γ = ‖y − x‖`` by at most that plus the roundings of the two norms.
 
 The functions here are the formula, in one place; :meth:`kahm_dask.KAHM._images_into` computes
 S and S_p alongside the float32 GEMM.
@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["U32", "U64", "gemm_constant", "nonnegative_sum_upper", "row_norms_upper", "image_bound", "distance_bound"]
+__all__ = [
+    "U32", "U64", "gemm_constant", "nonnegative_sum_upper", "row_norms_upper", "image_bound", "distance_bound",
+    "certified_argmin", "class_intervals",
+]
 
 #: Unit roundoffs of float32 and float64 (round to nearest).
 U32 = 2.0**-24
 U64 = 2.0**-53
 
-#: The spacing of float32's subnormals: rounding a value below 2⁻¹²⁶ to float32 can move it by up
-#: to half of this, relative accuracy aside.
-_TINY32 = 2.0**-149
+#: Below float32's smallest normal number, 2⁻¹²⁶, relative accuracy is lost: rounding to a subnormal,
+#: or a BLAS kernel that flushes subnormal inputs and products to zero (FTZ/DAZ), moves a value
+#: or a product by less than this.
+_TINY32 = 2.0**-126
 
 
 def _gamma(n: int, u: float) -> float:
@@ -106,3 +110,26 @@ def distance_bound(image_error: np.ndarray, gamma32: np.ndarray, n_features: int
         bound = (image_error + rounding) * (1.0 + 2.0**-40)
     bound[~np.isfinite(gamma32)] = np.inf
     return bound
+
+
+def certified_argmin(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """The class each row's float64 distances put first, where the intervals prove it, else -1.
+
+    lower, upper : (m, C) bounds between which each float64 class distance lies. Row i's class is
+    c = argmin_c upper[i, c] when ``upper[i, c] < lower[i, c']`` for every other class c': its float64
+    distance is then strictly the smallest, so the float64 argmin (ties: the lowest index) is c.
+    Returns (m,) int64 class indices, -1 for rows the intervals do not decide.
+    """
+    rows = np.arange(lower.shape[0])
+    best = np.argmin(upper, axis=1)
+    others = lower.copy()
+    others[rows, best] = np.inf
+    return np.where(upper[rows, best] < others.min(axis=1), best, -1)
+
+
+def class_intervals(gamma: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(gamma − bound, gamma + bound)`` of distances and their bounds (same shapes), with −inf
+    below a row whose bound is +inf (its float64 distance may be anything)."""
+    with np.errstate(invalid="ignore"):
+        lower = np.where(np.isinf(bound), -np.inf, gamma - bound)
+    return lower, gamma + bound

@@ -73,11 +73,13 @@ def _buffer(key: str, shape: tuple[int, ...], dtype: np.dtype | type = np.float6
 
 
 def eval_dtype(value: str, caller: str) -> np.dtype:
-    """The NumPy dtype of the ``eval_dtype`` parameter ``value`` ("float64" or "float32",
-    docs/algorithm.md#evaluation-precision); scikit-learn's ``InvalidParameterError`` naming the
-    parameter and ``caller`` for any other value."""
+    """The NumPy dtype of the kernel blocks of distances under the ``eval_dtype`` parameter
+    ``value`` (docs/algorithm.md#evaluation-precision): float64 for "auto" (whose float32 is the
+    certified prediction of a classifier, docs/algorithm.md#certified-prediction) and "float64",
+    float32 for "float32"; scikit-learn's ``InvalidParameterError`` naming the parameter and
+    ``caller`` for any other value."""
     check_params({"eval_dtype": value}, caller)
-    return np.dtype(value)
+    return np.dtype(np.float32 if value == "float32" else np.float64)
 
 
 def _row_sq_norms(A: np.ndarray) -> np.ndarray:
@@ -213,11 +215,13 @@ class KAHM(TransformerMixin, BaseEstimator):
         docs/decisions.md#decision-lambda-stopping): stop when the change of e is at most
         ``lambda_rtol·s`` or, if ``lambda_atol`` is set, when the change of λ is at most
         ``lambda_atol`` (the author's rule).
-    eval_dtype : {"float64", "float32"}, default="float64"
+    eval_dtype : {"auto", "float64", "float32"}, default="auto"
         Precision of the kernel block and its GEMM when queries are evaluated
-        (docs/algorithm.md#evaluation-precision). "float32" runs ``exp`` and the
-        (m × N)·(N × (p + 1)) GEMM in float32 (the GEMM ~2.5× faster, docs/performance.md), with
-        distances within ~1e-5 relative of float64; queries, images and distances stay float64.
+        (docs/algorithm.md#evaluation-precision). "auto" and "float64": float64 (a classifier's
+        "auto" predicts in float32 with a proof, docs/algorithm.md#certified-prediction).
+        "float32" runs the (m × N)·(N × (p + 1)) GEMM in float32 (~2.5× faster,
+        docs/performance.md), with distances within ~1e-5 relative of float64 and a proven bound
+        (docs/algorithm.md#float32-error-bound); queries, images and distances stay float64.
         May be changed after ``fit``.
 
     Attributes
@@ -274,7 +278,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         lambda_rtol: float = 1e-10,
         lambda_atol: float | None = None,
         lambda_max_iter: int = 1000,
-        eval_dtype: str = "float64",
+        eval_dtype: str = "auto",
     ) -> None:
         self.n_components = n_components
         self.min_range = min_range
