@@ -92,10 +92,27 @@ class KAHMClassifierBase(ClassifierMixin, BaseEstimator):
     def _labels(self, D: np.ndarray) -> np.ndarray:
         return self.classes_[np.argmin(D, axis=1)]
 
+    def _predicts_certified(self) -> bool:
+        """Whether :meth:`predict` takes the certified float32 route: ``eval_dtype="auto"``, every
+        branch evaluated (``n_probe`` None) and single-layer branches, where the float32 error bound
+        exists (docs/algorithm.md#float32-error-bound); otherwise predictions come from the class
+        distances in ``eval_dtype``."""
+        return self.eval_dtype == "auto" and self.n_probe is None and self.n_layers == 1
+
     def predict(self, X):
-        """Class of minimum distance (Definition 7, eq. 66; ties: the lowest class index) → (m,)."""
+        """Class of minimum distance (Definition 7, eq. 66; ties: the lowest class index) → (m,).
+
+        With ``eval_dtype="auto"`` (the default) every row is evaluated in float32, and a row whose
+        float64 class the proven error bound does not decide is evaluated again in float64: the
+        predictions are those of the float64 distances (docs/algorithm.md#certified-prediction)."""
         check_is_fitted(self, self._fitted_attribute)
+        if self._predicts_certified():
+            return self._certified_labels(X)
         return self._map_distances(X, self._labels, rows=True, dtype=self.classes_.dtype)
+
+    def _certified_labels(self, X):
+        """The labels of the certified prediction of X (:meth:`predict`)."""
+        raise NotImplementedError
 
     def match_score(self, X):
         """Class-matching scores (Definition 8) → (m, C) in [e^{-1}, 1]; not probabilities."""

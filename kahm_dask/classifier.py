@@ -31,6 +31,7 @@ from kahm_dask._validation import (
 )
 from kahm_dask.base import KAHMClassifierBase
 from kahm_dask.deep import WideKAHM
+from kahm_dask.float32_bound import certified_argmin, class_intervals
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
 from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
@@ -131,12 +132,15 @@ class KAHMClassifier(KAHMClassifierBase):
         nearest to it (docs/algorithm.md#routing), so the prediction cost stops growing with
         the number of branches. None (or ``n_probe ≥`` the branches of a class) evaluates every
         branch, exactly eq. 64.
-    eval_dtype : {"float64", "float32"}, default="float64"
+    eval_dtype : {"auto", "float64", "float32"}, default="auto"
         Precision of the kernel block and its GEMM at prediction
-        (docs/algorithm.md#evaluation-precision): "float32" runs the dominant GEMM ~2.5× faster
-        with distances within ~1e-5 relative of float64 (queries and distances stay float64).
-        Passed to every class model at each prediction, so ``set_params`` after ``fit`` takes
-        effect.
+        (docs/algorithm.md#evaluation-precision). "auto": distances in float64, and ``predict``
+        in float32 with a proven bound, a row whose class the bound does not decide again in
+        float64, so the predictions are float64's (docs/algorithm.md#certified-prediction;
+        routing and deeper models predict from the float64 distances). "float64": everything in
+        float64. "float32": the dominant GEMM ~2.5× faster everywhere, distances within ~1e-5
+        relative of float64 (queries and distances stay float64). Passed to every class model at
+        each prediction, so ``set_params`` after ``fit`` takes effect.
     n_jobs : int or None, default=None
         Threads for ``fit`` (over classes) and prediction (over blocks of rows), joblib's
         convention: None is 1, -1 all cores. With more than one thread, BLAS and OpenMP run one
@@ -228,7 +232,7 @@ class KAHMClassifier(KAHMClassifierBase):
         n_init: int = 1,
         kmeans_dims: int | None = KMEANS_DIMS,
         n_probe: int | None = None,
-        eval_dtype: str = "float64",
+        eval_dtype: str = "auto",
         n_jobs: int | None = None,
         ledger="auto",
         budget: tuple[float, float] | None = None,
@@ -469,3 +473,27 @@ class KAHMClassifier(KAHMClassifierBase):
 
     def _map_distances(self, X, fn, *, rows: bool, dtype) -> np.ndarray:
         return fn(self.class_distances(X))
+
+    def _certified_labels(self, X) -> np.ndarray:
+        """Labels (m,) by the certified prediction (docs/algorithm.md#certified-prediction): per
+        block of rows, every class model in float32 with its proven bound; the rows whose class
+        the bounds do not decide, again in float64. Equal to the argmin of the float64
+        :meth:`class_distances`."""
+        check_is_fitted(self, "models_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        codes = np.empty(X.shape[0], dtype=np.int64)
+
+        def one_block(rows: slice) -> None:
+            x = X[rows]
+            lower, upper = np.empty((x.shape[0], len(self.models_))), np.empty((x.shape[0], len(self.models_)))
+            for c, model in enumerate(self.models_):
+                lower[:, c], upper[:, c] = class_intervals(*model._distances_with_bound(x, "float32"))
+            found = certified_argmin(lower, upper)
+            again = np.flatnonzero(found < 0)
+            if again.size:
+                D = np.column_stack([model._distance_rows(x[again], dtype="float64")[0] for model in self.models_])
+                found[again] = np.argmin(D, axis=1)
+            codes[rows] = found
+
+        in_threads(one_block, row_chunks(X.shape[0], min(self.chunk_size, EVAL_BLOCK_ROWS)), self.n_jobs)
+        return self.classes_[codes]

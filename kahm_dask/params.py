@@ -165,10 +165,12 @@ PARAMS: dict[str, Param] = {
         default=None,
     ),
     "eval_dtype": Param(
-        (Choices("float64", "float32"),),
-        "precision of the kernel block and its GEMM when queries are evaluated: float64 (the default) or "
-        "float32, faster, distances within ~1e-5 relative (docs/algorithm.md#evaluation-precision)",
-        default="float64",
+        (Choices("auto", "float64", "float32"),),
+        "precision of the kernel block and its GEMM when queries are evaluated: auto (the default) gives "
+        "float64 distances and predicts in float32 where a proof shows the float64 class (the rest again in "
+        "float64; docs/algorithm.md#certified-prediction); float64 everywhere; or float32 everywhere, faster, "
+        "distances within ~1e-5 relative (docs/algorithm.md#evaluation-precision)",
+        default="auto",
     ),
     "n_jobs": Param(
         (None, Range(Integral, 1, None, closed="left"), Range(Integral, None, -1, closed="right")),

@@ -13,6 +13,7 @@ predictions are written back to Zarr.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
@@ -21,6 +22,7 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from kahm_dask._validation import check_finite_rows
+from kahm_dask.float32_bound import certified_argmin, class_intervals
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
@@ -30,7 +32,7 @@ from kahm_dask.pipeline.stores.model import cached_centre, cached_cluster, clust
 from kahm_dask.routing import routed_minimum
 from kahm_dask.storage.location import Location, LocationLike, as_location, committed_directory
 
-__all__ = ["class_distance_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
+__all__ = ["class_distance_array", "certified_code_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
 
 PREDICTIONS = "predictions"
 DISTANCES = "class_distances"
@@ -154,27 +156,10 @@ def class_distance_array(
     built, so the homes hold also when the caller computes it.
     """
     check_eval_dtype(eval_dtype, "class_distance_array")
-    model_path = as_location(model_path, storage_options)
-    manifest = read_manifest(model_path)
-    if X.ndim != 2 or X.shape[1] != manifest["n_features"]:
-        raise ValueError(
-            f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
-        )
-    X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
-    entries = sorted(manifest["clusters"], key=lambda e: (e["class"], e["cluster"]))
-    homes = _homes(entries, workers, trained_on)
-    n_classes = len(manifest["classes"])
-    paths: dict[int, list[Location]] = {}
-    home_of: dict[int, list[str | None]] = {}
-    for entry, home in zip(entries, homes, strict=True):
-        paths.setdefault(entry["class"], []).append(cluster_location(model_path, entry["class"], entry["cluster"]))
-        home_of.setdefault(entry["class"], []).append(home)
+    X, plan = _placed_models(model_path, X, storage_options, workers, trained_on)
+    n_classes, paths, home_of = plan.n_classes, plan.paths, plan.home_of
     routed = [c for c, class_paths in sorted(paths.items()) if n_probe is not None and n_probe < len(class_paths)]
-    by_home: dict[str | None, list[tuple[int, Location]]] = {}
-    for c, class_paths in sorted(paths.items()):
-        if c not in routed:
-            for path, home in zip(class_paths, home_of[c], strict=True):
-                by_home.setdefault(home, []).append((c, path))
+    by_home = plan.by_home(set(paths) - set(routed))
     blocks = []
     for home, clusters in sorted(by_home.items(), key=lambda item: str(item[0])):
         with placed(home):
@@ -198,6 +183,120 @@ def class_distance_array(
                      meta=np.empty((0, 0)), concatenate=True,
                      **({} if grouped is not None else {"new_axes": {"j": n_classes}}))
     return as_placed(D)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where the cluster models of a model store are evaluated: ``paths[c]`` the locations of
+    class code c's models, ``home_of[c]`` their home workers (None without workers)."""
+
+    n_classes: int
+    paths: dict[int, list[Location]]
+    home_of: dict[int, list[str | None]]
+
+    def by_home(self, classes: set[int]) -> dict[str | None, list[tuple[int, Location]]]:
+        """(class code, location) of every model of ``classes``, by home."""
+        out: dict[str | None, list[tuple[int, Location]]] = {}
+        for c in sorted(classes):
+            for path, home in zip(self.paths[c], self.home_of[c], strict=True):
+                out.setdefault(home, []).append((c, path))
+        return out
+
+
+def _placed_models(model_path: LocationLike, X: da.Array, storage_options, workers,
+                   trained_on) -> tuple[da.Array, _Plan]:
+    """X (m, p) checked against the model store at ``model_path`` (one column chunk, every block
+    checked finite) and the store's :class:`_Plan` (homes as in :func:`class_distance_array`)."""
+    model_path = as_location(model_path, storage_options)
+    manifest = read_manifest(model_path)
+    if X.ndim != 2 or X.shape[1] != manifest["n_features"]:
+        raise ValueError(
+            f"X has shape {X.shape}; the model expects (m, {manifest['n_features']})."
+        )
+    X = X.rechunk({1: -1}).map_blocks(_finite_block, dtype=np.float64, meta=np.empty((0, 0)))
+    entries = sorted(manifest["clusters"], key=lambda e: (e["class"], e["cluster"]))
+    homes = _homes(entries, workers, trained_on)
+    paths: dict[int, list[Location]] = {}
+    home_of: dict[int, list[str | None]] = {}
+    for entry, home in zip(entries, homes, strict=True):
+        paths.setdefault(entry["class"], []).append(cluster_location(model_path, entry["class"], entry["cluster"]))
+        home_of.setdefault(entry["class"], []).append(home)
+    return X, _Plan(len(manifest["classes"]), paths, home_of)
+
+
+def _home_intervals(x: np.ndarray, clusters: Sequence[tuple[int, Location]], n_classes: int) -> np.ndarray:
+    """(m, 2C) ``[lower | upper]``: per class, the minimum over the ``clusters`` (class index,
+    path) of one home of ``Γ − b`` and ``Γ + b``, Γ the float32 distances of the rows of ``x``
+    (m, p) and b their proven bound (docs/algorithm.md#float32-error-bound); +inf for a class with
+    no cluster here. The minimum over the homes' blocks bounds the float64 class distances."""
+    rows = np.ascontiguousarray(x, dtype=np.float64)
+    out = np.full((x.shape[0], 2 * n_classes), np.inf)
+    with threadpool_limits(limits=1, user_api="blas"):
+        for c, path in clusters:
+            lower, upper = class_intervals(*cached_cluster(path)._distances_with_bound(rows, "float32"))
+            np.minimum(out[:, c], lower, out=out[:, c])
+            np.minimum(out[:, n_classes + c], upper, out=out[:, n_classes + c])
+    return out
+
+
+def _certified_block(intervals: np.ndarray, n_classes: int) -> np.ndarray:
+    """(m,) class codes the (m, 2C) intervals decide, -1 elsewhere (:func:`certified_argmin`)."""
+    return certified_argmin(intervals[:, :n_classes], intervals[:, n_classes:])
+
+
+def _home_block_again(x: np.ndarray, codes: np.ndarray, clusters: Sequence[tuple[int, Location]],
+                      n_classes: int) -> np.ndarray:
+    """(m, C) float64 :func:`_home_block` of the rows whose ``codes`` (m,) are -1, +inf in the
+    others (nothing evaluated when every row is decided)."""
+    out = np.full((x.shape[0], n_classes), np.inf)
+    again = np.flatnonzero(codes < 0)
+    if again.size:
+        out[again] = _home_block(x[again], clusters, n_classes, "float64")
+    return out
+
+
+def _resolved_codes(codes: np.ndarray, distances: np.ndarray) -> np.ndarray:
+    """The decided ``codes`` (m,), and for the others the argmin of their float64 ``distances``."""
+    return np.where(codes >= 0, codes, np.argmin(distances, axis=1))
+
+
+def certified_code_array(
+    model_path: LocationLike,
+    X: da.Array,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    workers: Sequence[str] | None = None,
+    trained_on: Mapping[tuple[int, int], str | None] | None = None,
+) -> PlacedArray:
+    """Lazy (m,) predicted class codes of the rows of ``X`` (m, p) by the certified prediction
+    (docs/algorithm.md#certified-prediction): equal to the argmin of the float64
+    :func:`class_distance_array`, every model of single layer, no routing.
+
+    Per row chunk: one task per home evaluates its models in float32 with the proven bound
+    (:func:`_home_intervals`), their minimum bounds the float64 class distances, which decide the
+    class of most rows (:func:`_certified_block`); one more task per home evaluates only the
+    undecided rows in float64 (:func:`_home_block_again`), and their minimum settles them.
+    ``workers`` and ``trained_on`` place the tasks as in :func:`class_distance_array`.
+    """
+    X, plan = _placed_models(model_path, X, storage_options, workers, trained_on)
+    C = plan.n_classes
+    homes = sorted(plan.by_home(set(plan.paths)).items(), key=lambda item: str(item[0]))
+    bounds = []
+    for home, clusters in homes:
+        with placed(home):
+            bounds.append(X.map_blocks(_home_intervals, clusters, C, dtype=np.float64, chunks=(X.chunks[0], (2 * C,)),
+                                       meta=np.empty((0, 0)), token="kahm-home-f32"))
+    codes = _minimum_of(bounds).map_blocks(_certified_block, C, drop_axis=1, dtype=np.int64,
+                                           meta=np.empty((0,), np.int64))
+    again = []
+    for home, clusters in homes:
+        with placed(home):
+            again.append(da.blockwise(_home_block_again, "ij", X, "ik", codes, "i", clusters, None, C, None,
+                                      new_axes={"j": C}, concatenate=True, dtype=np.float64, meta=np.empty((0, 0)),
+                                      token="kahm-home-again"))
+    resolved = da.blockwise(_resolved_codes, "i", codes, "i", _minimum_of(again), "ij", concatenate=True,
+                            dtype=np.int64, meta=np.empty((0,), np.int64))
+    return as_placed(resolved)
 
 
 def _homes(entries: list[dict], workers: Sequence[str] | None,

@@ -135,7 +135,8 @@ def test_pickle_and_state_round_trips_evaluate_in_float32(random_case):
     # a state stored before eval_dtype existed loads with the default and evaluates in both
     scalars["params"].pop("eval_dtype")
     old = KAHM.from_state(arrays, scalars)
-    assert old.eval_dtype == "float64"
+    assert old.eval_dtype == "auto"  # today's default, whose distances are float64
+    np.testing.assert_array_equal(old.distance(Q), g64)
     np.testing.assert_array_equal(old._evaluate(Q, "float32")[1], g32)
     deep = DeepKAHM(10, 2).fit(Y[:300])
     layer_states, meta = deep.to_state()

@@ -54,7 +54,7 @@ from kahm_dask.pipeline.estimator.stores import (
     store_root,
 )
 from kahm_dask.pipeline.placement import as_placed, worker_addresses
-from kahm_dask.pipeline.predict import class_distance_array
+from kahm_dask.pipeline.predict import certified_code_array, class_distance_array
 from kahm_dask.pipeline.stores.dataset import DatasetStore, open_dataset, write_dataset
 from kahm_dask.pipeline.stores.held import hold_rows
 from kahm_dask.pipeline.stores.manifest import read_manifest
@@ -78,6 +78,7 @@ def _seed_constraints() -> list:
 
 
 def _take(codes: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The labels (m,) of class codes (m,)."""
     return classes[codes]
 
 
@@ -220,7 +221,7 @@ persist_fraction : the partition's
         n_init: int = 1,
         kmeans_dims: int | None = 50,
         n_probe: int | None = None,
-        eval_dtype: str = "float64",
+        eval_dtype: str = "auto",
         n_jobs: int | None = None,
         ledger="auto",
         budget: tuple[float, float] | None = None,
@@ -473,6 +474,17 @@ persist_fraction : the partition's
         X : (m, p) NumPy array (→ NumPy), dask array or dataset store path (→ lazy dask array).
         """
         return self._result(*self._lazy_distances(X))
+
+    def _certified_labels(self, X) -> da.Array | np.ndarray:
+        """Labels (m,) by the certified prediction (docs/algorithm.md#certified-prediction,
+        :func:`~kahm_dask.pipeline.predict.certified_code_array`), on the models' homes as
+        :meth:`class_distances`; lazy for lazy X."""
+        X, lazy = self._queries(X)
+        codes = certified_code_array(self.model_path_, X, storage_options=self.storage_options,
+                                     workers=worker_addresses(self.client), trained_on=self.__dict__.get("_trained_on"))
+        dtype = self.classes_.dtype
+        labels = codes.map_blocks(_take, self.classes_, dtype=dtype, meta=np.empty((0,), dtype))
+        return self._result(as_placed(labels), lazy)
 
     def _map_distances(self, X, fn, *, rows: bool, dtype) -> da.Array | np.ndarray:
         D, lazy = self._lazy_distances(X)

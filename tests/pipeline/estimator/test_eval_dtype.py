@@ -47,7 +47,7 @@ def test_dask_classifier_float32_predicts_as_kahm_classifier(client, classifiers
     _assert_float32_of(dask_D32, D64)
     np.testing.assert_array_equal(est32.predict(digits.X_test), classifiers[1].classes_[D64.argmin(axis=1)])
     _assert_float32_of(est32.class_distances(da.from_array(digits.X_test, chunks=(150, -1))).compute(), D64)
-    np.testing.assert_array_equal(est.class_distances(digits.X_test), D64)  # the default is float64
+    np.testing.assert_array_equal(est.class_distances(digits.X_test), D64)  # the default's distances: float64
     with pytest.raises(ValueError, match="'eval_dtype' parameter of class_distance_array"):
         class_distance_array(path, da.from_array(digits.X_test), eval_dtype="float16")
 
@@ -59,7 +59,7 @@ def test_pipeline_file_and_old_manifests(stored):
     path, est = stored
     stored = {k: v for k, v in stored_params(est.get_params(deep=False)).items() if k != "eval_dtype"}
     manifest = {ESTIMATOR_PARAMS_KEY: stored}  # a manifest written before eval_dtype existed
-    assert DaskKAHMClassifier(**params_from_manifest(manifest)).eval_dtype == "float64"
+    assert DaskKAHMClassifier(**params_from_manifest(manifest)).eval_dtype == "auto"  # today's default
 
 
 def test_cli_predict_eval_dtype(stored, classifiers, digits, tmp_path, monkeypatch):
