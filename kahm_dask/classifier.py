@@ -31,7 +31,7 @@ from kahm_dask._validation import (
 )
 from kahm_dask.base import KAHMClassifierBase
 from kahm_dask.deep import WideKAHM
-from kahm_dask.float32_bound import certified_argmin, class_intervals
+from kahm_dask.float32_bound import candidate_classes, certified_argmin, class_intervals
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
 from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
@@ -477,7 +477,8 @@ class KAHMClassifier(KAHMClassifierBase):
     def _certified_labels(self, X) -> np.ndarray:
         """Labels (m,) by the certified prediction (docs/algorithm.md#certified-prediction): per
         block of rows, every class model in float32 with its proven bound; the rows whose class
-        the bounds do not decide, again in float64. Equal to the argmin of the float64
+        the bounds do not decide, again in float64 under the classes that may still be theirs
+        (:func:`~kahm_dask.float32_bound.candidate_classes`). Equal to the argmin of the float64
         :meth:`class_distances`."""
         check_is_fitted(self, "models_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
@@ -491,7 +492,12 @@ class KAHMClassifier(KAHMClassifierBase):
             found = certified_argmin(lower, upper)
             again = np.flatnonzero(found < 0)
             if again.size:
-                D = np.column_stack([model._distance_rows(x[again], dtype="float64")[0] for model in self.models_])
+                candidates = candidate_classes(lower[again], upper[again])
+                D = np.full(candidates.shape, np.inf)
+                for c, model in enumerate(self.models_):
+                    which = np.flatnonzero(candidates[:, c])
+                    if which.size:
+                        D[which, c] = model._distance_rows(x[again[which]], dtype="float64")[0]
                 found[again] = np.argmin(D, axis=1)
             codes[rows] = found
 

@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = [
     "U32", "U64", "gemm_constant", "nonnegative_sum_upper", "row_norms_upper", "image_bound", "distance_bound",
-    "certified_argmin", "class_intervals",
+    "certified_argmin", "candidate_classes", "class_intervals",
 ]
 
 #: Unit roundoffs of float32 and float64 (round to nearest).
@@ -125,6 +125,14 @@ def certified_argmin(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     others = lower.copy()
     others[rows, best] = np.inf
     return np.where(upper[rows, best] < others.min(axis=1), best, -1)
+
+
+def candidate_classes(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """(m, C) bool: the classes whose float64 distance may be row i's smallest, ``lower[i, c] ≤
+    min_c' upper[i, c']``. Any other class's float64 distance exceeds the float64 distance of the
+    class of smallest ``upper``, so the float64 argmin (ties included) is among these; a row
+    :func:`certified_argmin` decides has exactly one."""
+    return lower <= upper.min(axis=1, keepdims=True)
 
 
 def class_intervals(gamma: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

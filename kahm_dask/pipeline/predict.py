@@ -22,7 +22,7 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from kahm_dask._validation import check_finite_rows
-from kahm_dask.float32_bound import certified_argmin, class_intervals
+from kahm_dask.float32_bound import candidate_classes, certified_argmin, class_intervals
 from kahm_dask.kahm import eval_dtype as check_eval_dtype
 from kahm_dask.pipeline.cluster import compute
 from kahm_dask.pipeline.cluster.progress import Progress
@@ -239,24 +239,32 @@ def _home_intervals(x: np.ndarray, clusters: Sequence[tuple[int, Location]], n_c
     return out
 
 
-def _certified_block(intervals: np.ndarray, n_classes: int) -> np.ndarray:
-    """(m,) class codes the (m, 2C) intervals decide, -1 elsewhere (:func:`certified_argmin`)."""
-    return certified_argmin(intervals[:, :n_classes], intervals[:, n_classes:])
-
-
-def _home_block_again(x: np.ndarray, codes: np.ndarray, clusters: Sequence[tuple[int, Location]],
+def _home_block_again(x: np.ndarray, intervals: np.ndarray, clusters: Sequence[tuple[int, Location]],
                       n_classes: int) -> np.ndarray:
-    """(m, C) float64 :func:`_home_block` of the rows whose ``codes`` (m,) are -1, +inf in the
-    others (nothing evaluated when every row is decided)."""
+    """(m, C) float64 distances, over the ``clusters`` of one home, of the rows the (m, 2C)
+    ``intervals`` do not decide, each only under the classes that may still be its
+    (:func:`~kahm_dask.float32_bound.candidate_classes`); +inf everywhere else (nothing evaluated
+    when every row is decided)."""
+    lower, upper = intervals[:, :n_classes], intervals[:, n_classes:]
     out = np.full((x.shape[0], n_classes), np.inf)
-    again = np.flatnonzero(codes < 0)
-    if again.size:
-        out[again] = _home_block(x[again], clusters, n_classes, "float64")
+    again = np.flatnonzero(certified_argmin(lower, upper) < 0)
+    if not again.size:
+        return out
+    candidates = candidate_classes(lower[again], upper[again])
+    rows = np.ascontiguousarray(x, dtype=np.float64)
+    with threadpool_limits(limits=1, user_api="blas"):
+        for c, path in clusters:
+            which = again[candidates[:, c]]
+            if which.size:
+                out[which, c] = np.minimum(out[which, c], _cluster_distances(rows[which], path, "float64"))
     return out
 
 
-def _resolved_codes(codes: np.ndarray, distances: np.ndarray) -> np.ndarray:
-    """The decided ``codes`` (m,), and for the others the argmin of their float64 ``distances``."""
+def _resolved_codes(intervals: np.ndarray, distances: np.ndarray) -> np.ndarray:
+    """(m,) class codes: those the (m, 2C) ``intervals`` decide, and for the other rows the argmin
+    of their float64 ``distances`` (m, C) (+inf outside the candidate classes)."""
+    n_classes = distances.shape[1]
+    codes = certified_argmin(intervals[:, :n_classes], intervals[:, n_classes:])
     return np.where(codes >= 0, codes, np.argmin(distances, axis=1))
 
 
@@ -274,8 +282,9 @@ def certified_code_array(
 
     Per row chunk: one task per home evaluates its models in float32 with the proven bound
     (:func:`_home_intervals`), their minimum bounds the float64 class distances, which decide the
-    class of most rows (:func:`_certified_block`); one more task per home evaluates only the
-    undecided rows in float64 (:func:`_home_block_again`), and their minimum settles them.
+    class of most rows (:func:`~kahm_dask.float32_bound.certified_argmin`); one more task per home
+    evaluates only the undecided rows in float64, under the classes that may still be theirs
+    (:func:`_home_block_again`), and the minimum over the homes settles them (:func:`_resolved_codes`).
     ``workers`` and ``trained_on`` place the tasks as in :func:`class_distance_array`.
     """
     X, plan = _placed_models(model_path, X, storage_options, workers, trained_on)
@@ -286,15 +295,14 @@ def certified_code_array(
         with placed(home):
             bounds.append(X.map_blocks(_home_intervals, clusters, C, dtype=np.float64, chunks=(X.chunks[0], (2 * C,)),
                                        meta=np.empty((0, 0)), token="kahm-home-f32"))
-    codes = _minimum_of(bounds).map_blocks(_certified_block, C, drop_axis=1, dtype=np.int64,
-                                           meta=np.empty((0,), np.int64))
+    intervals = _minimum_of(bounds)
     again = []
     for home, clusters in homes:
         with placed(home):
-            again.append(da.blockwise(_home_block_again, "ij", X, "ik", codes, "i", clusters, None, C, None,
+            again.append(da.blockwise(_home_block_again, "ij", X, "ik", intervals, "il", clusters, None, C, None,
                                       new_axes={"j": C}, concatenate=True, dtype=np.float64, meta=np.empty((0, 0)),
                                       token="kahm-home-again"))
-    resolved = da.blockwise(_resolved_codes, "i", codes, "i", _minimum_of(again), "ij", concatenate=True,
+    resolved = da.blockwise(_resolved_codes, "i", intervals, "il", _minimum_of(again), "ij", concatenate=True,
                             dtype=np.int64, meta=np.empty((0,), np.int64))
     return as_placed(resolved)
 

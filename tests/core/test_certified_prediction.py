@@ -5,6 +5,8 @@ float64 the rows whose class the bound does not decide: its predictions must be 
 float64 class distances, whatever share of rows the bound decides. Checked on digits and breast
 cancer with the real bound, with a bound so wide that no row is decided (everything goes through
 the float64 fallback) and with the rule of ``certified_argmin`` on intervals whose answer is known;
+the float64 class is always among ``candidate_classes`` (the classes a re-evaluated row is
+evaluated under);
 routing and deeper models predict from the float64 distances; ``class_distances`` under "auto" is
 the float64 evaluation, bit for bit.
 """
@@ -16,7 +18,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 
 from kahm_dask import KAHMClassifier, float32_bound
-from kahm_dask.float32_bound import certified_argmin, class_intervals
+from kahm_dask.float32_bound import candidate_classes, certified_argmin, class_intervals
 
 
 def _float64_predictions(clf: KAHMClassifier, X: np.ndarray) -> np.ndarray:
@@ -89,3 +91,19 @@ def test_class_intervals_open_below_an_unbounded_distance():
     lower, upper = class_intervals(np.array([2.0, 2.0, np.inf]), np.array([0.5, np.inf, np.inf]))
     np.testing.assert_array_equal(lower, [1.5, -np.inf, -np.inf])
     np.testing.assert_array_equal(upper, [2.5, np.inf, np.inf])
+
+
+def test_the_float64_class_is_always_a_candidate_and_a_decided_row_has_one(digits):
+    clf = KAHMClassifier(random_state=0).fit(digits.X_train, digits.y_train)
+    X = digits.X_test
+    D64 = clf.set_params(eval_dtype="float64").class_distances(X)
+    for widen in (1.0, 300.0):  # the real bounds, and bounds 300 times wider (more candidates)
+        intervals = [class_intervals(g, widen * b) for g, b in
+                     (model._distances_with_bound(X, "float32") for model in clf.models_)]
+        lower = np.column_stack([low for low, _ in intervals])
+        upper = np.column_stack([high for _, high in intervals])
+        candidates = candidate_classes(lower, upper)
+        assert candidates[np.arange(len(X)), D64.argmin(axis=1)].all()
+        decided = certified_argmin(lower, upper) >= 0
+        np.testing.assert_array_equal(candidates[decided].sum(axis=1), 1)
+        assert widen == 1.0 or candidates.sum(axis=1).max() > 1  # the wider bounds leave choices

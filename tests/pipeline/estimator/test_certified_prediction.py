@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kahm_dask import DaskKAHMClassifier, KAHMClassifier, float32_bound
+from kahm_dask.pipeline import predict
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +39,23 @@ def test_dask_predictions_are_the_float64_ones(client, fitted, digits):
     np.testing.assert_array_equal(clf.predict(digits.X_test), expected)
 
 
+#: Rows the final task of each chunk found undecided (appended to in the threaded workers: the
+#: counting function below is pickled by reference, so it and this list are this module's).
+UNDECIDED: list[int] = []
+_RESOLVED_CODES = predict._resolved_codes
+
+
+def _counting_resolved_codes(intervals: np.ndarray, distances: np.ndarray) -> np.ndarray:
+    C = distances.shape[1]
+    UNDECIDED.append(int(np.count_nonzero(float32_bound.certified_argmin(intervals[:, :C], intervals[:, C:]) < 0)))
+    return _RESOLVED_CODES(intervals, distances)
+
+
 def test_with_no_row_decided_the_float64_tasks_settle_every_row(client, fitted, digits, monkeypatch):
     _, est = fitted
     monkeypatch.setattr(float32_bound, "gemm_constant", lambda n_rows: 1e30)  # the workers are threads here
-    seen: list[int] = []
-    real = float32_bound.certified_argmin
-
-    def counted(lower, upper):
-        codes = real(lower, upper)
-        seen.append(int(np.count_nonzero(codes < 0)))
-        return codes
-
-    monkeypatch.setattr("kahm_dask.pipeline.predict.certified_argmin", counted)
+    monkeypatch.setattr(predict, "_resolved_codes", _counting_resolved_codes)
+    UNDECIDED.clear()
     predicted = est.predict(digits.X_test)
-    assert sum(seen) == len(digits.X_test)
+    assert sum(UNDECIDED) == len(digits.X_test)
     np.testing.assert_array_equal(predicted, _float64_labels(est, digits.X_test))
