@@ -288,8 +288,10 @@ class ModelConfig(Section):
     direction is dropped), the partition into clusters (``n_init``, ``kmeans_dims``: the k-means
     of a class partitioned in one task), the routing of predictions (``n_probe``: clusters per
     class a query meets; null: all), their precision (``eval_dtype``: float64 or float32 kernel
-    blocks, docs/algorithm.md#evaluation-precision) and their blocks (``chunk_size``: rows per
-    block of an evaluation, memory only)."""
+    blocks, docs/algorithm.md#evaluation-precision; "auto", the default, is float64 for the run's
+    stored distances and the estimator's certified float32 ``predict``,
+    docs/algorithm.md#certified-prediction) and their blocks (``chunk_size``: rows per block of
+    an evaluation, memory only)."""
 
     _key: ClassVar[str] = "model"
     n_components: int = param("n_components")
