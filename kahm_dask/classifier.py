@@ -31,7 +31,7 @@ from kahm_dask._validation import (
 )
 from kahm_dask.base import KAHMClassifierBase
 from kahm_dask.deep import WideKAHM
-from kahm_dask.float32_bound import candidate_classes, certified_argmin, class_intervals
+from kahm_dask.float32_bound import candidate_classes, certified_argmin
 from kahm_dask.kahm import EVAL_BLOCK_ROWS, eval_dtype
 from kahm_dask.params import CLASSIFIER_PARAMS, PARAMS, parameter_constraints
 from kahm_dask.partition import KMEANS_DIMS, check_partition
@@ -488,7 +488,7 @@ class KAHMClassifier(KAHMClassifierBase):
             x = X[rows]
             lower, upper = np.empty((x.shape[0], len(self.models_))), np.empty((x.shape[0], len(self.models_)))
             for c, model in enumerate(self.models_):
-                lower[:, c], upper[:, c] = class_intervals(*model._distances_with_bound(x, "float32"))
+                _, lower[:, c], upper[:, c] = model._distance_intervals(x, "float32")
             found = certified_argmin(lower, upper)
             again = np.flatnonzero(found < 0)
             if again.size:

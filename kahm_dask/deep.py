@@ -463,15 +463,14 @@ class WideKAHM(_BatchEvaluator):
             Yq, self.centres_, n_probe, lambda s, rows: self.branches_[s]._distance_rows(rows, dtype=dtype)[0]
         )
 
-    def _distances_with_bound(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _distance_intervals(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, ...]:
         """Γ_W (m,) of validated queries ``Yq`` (m, p) in ``dtype`` (None: ``eval_dtype``), every
-        branch evaluated, and a proven bound (m,) on |Γ_W − Γ_W,64| against the float64 evaluation
-        (docs/algorithm.md#float32-error-bound).
+        branch evaluated, and the interval (lower (m,), upper (m,)) that holds the float64
+        evaluation's Γ_W,64 (docs/algorithm.md#float32-error-bound).
 
         Each branch s gives Γ_s and a bound b_s (:meth:`DeepKAHM._distances_with_bound`: +inf for
         a branch of more than one layer), so Γ_W,64 = min_s Γ_s,64 lies in
-        [min_s (Γ_s − b_s), min_s (Γ_s + b_s)]; the bound is the larger distance from Γ_W to that
-        interval's ends.
+        [min_s (Γ_s − b_s), min_s (Γ_s + b_s)] (:func:`~kahm_dask.float32_bound.class_intervals`).
         """
         m = Yq.shape[0]
         gamma, lower, upper = np.full(m, np.inf), np.full(m, np.inf), np.full(m, np.inf)
@@ -481,6 +480,12 @@ class WideKAHM(_BatchEvaluator):
             np.minimum(gamma, g, out=gamma)
             np.minimum(lower, low, out=lower)
             np.minimum(upper, high, out=upper)
+        return gamma, lower, upper
+
+    def _distances_with_bound(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Γ_W (m,) as in :meth:`_distance_intervals` and a proven bound (m,) on |Γ_W − Γ_W,64|:
+        the larger distance from Γ_W to that interval's ends."""
+        gamma, lower, upper = self._distance_intervals(Yq, dtype)
         with np.errstate(invalid="ignore"):
             bound = np.maximum(upper - gamma, gamma - lower)
         bound[~np.isfinite(bound)] = np.inf

@@ -48,7 +48,8 @@ def _gamma(n: int, u: float) -> float:
 
 def gemm_constant(n_rows: int) -> float:
     """c_N of the module docstring for a model of ``n_rows`` = N samples: the factor of
-    ``S = Σ_k k̂_k ‖β̂_k‖₂`` in the bound on ‖Ô − O‖₂ of one query row."""
+    ``S = Σ_k k̂_k ‖β̂_{k,:p}‖₂`` and of ``S_p = Σ_k k̂_k |β̂_{k,p}|`` in the bounds on
+    ‖Ô_{:p} − O_{:p}‖₂ and |Ô_p − O_p| of one query row."""
     return (2.0 * U32 + _gamma(n_rows, U32) + _gamma(n_rows, U64)) * (1.0 + 4.0 * U32)
 
 
@@ -90,8 +91,7 @@ def image_bound(weighted_norms: np.ndarray, den32: np.ndarray, image_norms: np.n
     """
     image_norms = image_norms * (1.0 + (n_features + 3.0) * U64)  # the norms' own rounding
     slack = np.sqrt(n_features + 1.0) * n_rows * _TINY32 * (1.0 + beta_max)
-    T = gemm_constant(n_rows) * weighted_norms[:, 0] + slack
-    T_p = gemm_constant(n_rows) * weighted_norms[:, 1] + slack
+    T, T_p = (gemm_constant(n_rows) * weighted_norms + slack).T
     margin = np.abs(den32) - T_p
     with np.errstate(divide="ignore", invalid="ignore"):
         B = (T + image_norms * T_p) / margin

@@ -431,11 +431,11 @@ class KAHM(TransformerMixin, BaseEstimator):
         self._codes_aug = codes_aug
         return query_map, query_offset, codes_aug
 
-    def _beta32(self) -> tuple[np.ndarray, np.ndarray]:
+    def _beta32(self) -> tuple[np.ndarray, np.ndarray, float]:
         """``beta_`` (N, p + 1) rounded to float32, the operand of the float32 GEMM
-        (docs/algorithm.md#evaluation-precision), and the (N, 2) upper bounds of
-        :func:`~kahm_dask.float32_bound.row_norms_upper`, the operand of the float32 error bound
-        (docs/algorithm.md#float32-error-bound).
+        (docs/algorithm.md#evaluation-precision), and what the float32 error bound takes from it
+        (docs/algorithm.md#float32-error-bound): the (N, 2) upper bounds of
+        :func:`~kahm_dask.float32_bound.row_norms_upper` and max |β̂|.
 
         Made on first use and kept on the instance with the ``beta_`` they were made from (a new
         ``beta_``, e.g. a refit, makes them again); not part of :meth:`to_state` and never pickled.
@@ -444,8 +444,8 @@ class KAHM(TransformerMixin, BaseEstimator):
         cached = self.__dict__.get("_beta32_cache")
         if cached is None or cached[0] is not self.beta_:
             beta32 = self.beta_.astype(np.float32)
-            cached = self._beta32_cache = (self.beta_, beta32, row_norms_upper(beta32))
-        return cached[1], cached[2]
+            cached = self._beta32_cache = (self.beta_, beta32, row_norms_upper(beta32), float(np.max(np.abs(beta32))))
+        return cached[1:]
 
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())  # a copy: object.__getstate__ returns __dict__ itself
@@ -535,7 +535,7 @@ class KAHM(TransformerMixin, BaseEstimator):
         if single:
             Kq = _buffer("Kq", E.shape, np.float32)
             Kq[...] = E  # rounded once: the bound's k̂ = fl32(k)
-            beta32, norms32 = self._beta32()
+            beta32, norms32, beta_max = self._beta32()
             O = np.matmul(Kq, beta32, out=_buffer("O", (m, p + 1), np.float32))
         else:
             O = np.matmul(E, self.beta_, out=_buffer("O", (m, p + 1)))
@@ -549,7 +549,7 @@ class KAHM(TransformerMixin, BaseEstimator):
             if single:
                 bound[...] = image_bound(
                     nonnegative_sum_upper(Kq @ norms32, Kq.shape[1]), den, np.sqrt(_row_sq_norms(out)),
-                    n_rows=Kq.shape[1], n_features=p, beta_max=float(np.max(np.abs(beta32))),
+                    n_rows=Kq.shape[1], n_features=p, beta_max=beta_max,
                     threshold=self._den_threshold)
             else:
                 bound[...] = np.where(bad, np.inf, 0.0)
