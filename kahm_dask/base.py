@@ -93,11 +93,11 @@ class KAHMClassifierBase(ClassifierMixin, BaseEstimator):
         return self.classes_[np.argmin(D, axis=1)]
 
     def _predicts_certified(self) -> bool:
-        """Whether :meth:`predict` takes the certified float32 route: ``eval_dtype="auto"``, every
-        branch evaluated (``n_probe`` None) and single-layer branches, where the float32 error bound
-        exists (docs/algorithm.md#float32-error-bound); otherwise predictions come from the class
-        distances in ``eval_dtype``."""
-        return self.eval_dtype == "auto" and self.n_probe is None and self.n_layers == 1
+        """Whether :meth:`predict` takes the certified float32 route: ``eval_dtype="auto"`` and
+        single-layer branches, where the float32 error bound exists
+        (docs/algorithm.md#float32-error-bound), routed or not; otherwise predictions come from the
+        class distances in ``eval_dtype``."""
+        return self.eval_dtype == "auto" and self.n_layers == 1
 
     def predict(self, X):
         """Class of minimum distance (Definition 7, eq. 66; ties: the lowest class index) → (m,).

@@ -137,7 +137,7 @@ class KAHMClassifier(KAHMClassifierBase):
         (docs/algorithm.md#evaluation-precision). "auto": distances in float64, and ``predict``
         in float32 with a proven bound, a row whose class the bound does not decide again in
         float64, so the predictions are float64's (docs/algorithm.md#certified-prediction;
-        routing and deeper models predict from the float64 distances). "float64": everything in
+        routed or not; deeper models predict from the float64 distances). "float64": everything in
         float64. "float32": the dominant GEMM ~2.5× faster everywhere, distances within ~1e-5
         relative of float64 (queries and distances stay float64). Passed to every class model at
         each prediction, so ``set_params`` after ``fit`` takes effect.
@@ -459,36 +459,40 @@ class KAHMClassifier(KAHMClassifierBase):
     def _class_distances(self, X: np.ndarray) -> np.ndarray:
         out = np.empty((X.shape[0], len(self.models_)))
         n_probe, dtype = self.n_probe, self.eval_dtype
-        # one cache/BLAS-sized block of rows through every class, branch and layer while it
-        # is hot; distances only (no image bookkeeping) — docs/performance.md. With routing,
-        # larger blocks, so that each branch meets enough of the rows that probe it.
-        block = min(self.chunk_size, EVAL_BLOCK_ROWS if n_probe is None else ROUTED_BLOCK_ROWS)
 
         def one_block(rows: slice) -> None:
             for c, model in enumerate(self.models_):
                 out[rows, c] = model._distance_rows(X[rows], n_probe=n_probe, dtype=dtype)[0]
 
-        in_threads(one_block, row_chunks(X.shape[0], block), self.n_jobs)
+        in_threads(one_block, row_chunks(X.shape[0], self._block_rows()), self.n_jobs)
         return out
+
+    def _block_rows(self) -> int:
+        """Rows per block of an evaluation: one cache/BLAS-sized block goes through every class,
+        branch and layer while it is hot (docs/performance.md); with routing, larger blocks, so
+        that each branch meets enough of the rows that probe it."""
+        return min(self.chunk_size, EVAL_BLOCK_ROWS if self.n_probe is None else ROUTED_BLOCK_ROWS)
 
     def _map_distances(self, X, fn, *, rows: bool, dtype) -> np.ndarray:
         return fn(self.class_distances(X))
 
     def _certified_labels(self, X) -> np.ndarray:
         """Labels (m,) by the certified prediction (docs/algorithm.md#certified-prediction): per
-        block of rows, every class model in float32 with its proven bound; the rows whose class
-        the bounds do not decide, again in float64 under the classes that may still be theirs
+        block of rows, every class model in float32 with its proven bound (on the ``n_probe``
+        branches of nearest centre when routing); the rows whose class the bounds do not decide,
+        again in float64 under the classes that may still be theirs
         (:func:`~kahm_dask.float32_bound.candidate_classes`). Equal to the argmin of the float64
         :meth:`class_distances`."""
         check_is_fitted(self, "models_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         codes = np.empty(X.shape[0], dtype=np.int64)
+        n_probe = self.n_probe
 
         def one_block(rows: slice) -> None:
             x = X[rows]
             lower, upper = np.empty((x.shape[0], len(self.models_))), np.empty((x.shape[0], len(self.models_)))
             for c, model in enumerate(self.models_):
-                _, lower[:, c], upper[:, c] = model._distance_intervals(x, "float32")
+                _, lower[:, c], upper[:, c] = model._distance_intervals(x, "float32", n_probe)
             found = certified_argmin(lower, upper)
             again = np.flatnonzero(found < 0)
             if again.size:
@@ -497,9 +501,9 @@ class KAHMClassifier(KAHMClassifierBase):
                 for c, model in enumerate(self.models_):
                     which = np.flatnonzero(candidates[:, c])
                     if which.size:
-                        D[which, c] = model._distance_rows(x[again[which]], dtype="float64")[0]
+                        D[which, c] = model._distance_rows(x[again[which]], n_probe=n_probe, dtype="float64")[0]
                 found[again] = np.argmin(D, axis=1)
             codes[rows] = found
 
-        in_threads(one_block, row_chunks(X.shape[0], min(self.chunk_size, EVAL_BLOCK_ROWS)), self.n_jobs)
+        in_threads(one_block, row_chunks(X.shape[0], self._block_rows()), self.n_jobs)
         return self.classes_[codes]

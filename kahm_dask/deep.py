@@ -27,7 +27,7 @@ from kahm_dask.partition import (
     kmeans_partition,
     n_branches,
 )
-from kahm_dask.routing import routed_minimum
+from kahm_dask.routing import routed_intervals, routed_minimum
 
 __all__ = ["DeepKAHM", "WideKAHM", "layer_dimensions"]
 
@@ -463,23 +463,30 @@ class WideKAHM(_BatchEvaluator):
             Yq, self.centres_, n_probe, lambda s, rows: self.branches_[s]._distance_rows(rows, dtype=dtype)[0]
         )
 
-    def _distance_intervals(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, ...]:
-        """Γ_W (m,) of validated queries ``Yq`` (m, p) in ``dtype`` (None: ``eval_dtype``), every
-        branch evaluated, and the interval (lower (m,), upper (m,)) that holds the float64
-        evaluation's Γ_W,64 (docs/algorithm.md#float32-error-bound).
+    def _distance_intervals(
+        self, Yq: np.ndarray, dtype: str | None = None, n_probe: int | None = None
+    ) -> tuple[np.ndarray, ...]:
+        """Γ_W (m,) of validated queries ``Yq`` (m, p) in ``dtype`` (None: ``eval_dtype``) and the
+        interval (lower (m,), upper (m,)) that holds the float64 evaluation's Γ_W,64
+        (docs/algorithm.md#float32-error-bound), every branch evaluated or, with ``n_probe`` < S,
+        the ``n_probe`` branches of nearest centre (as :meth:`_distance_rows`).
 
         Each branch s gives Γ_s and a bound b_s (:meth:`DeepKAHM._distances_with_bound`: +inf for
         a branch of more than one layer), so Γ_W,64 = min_s Γ_s,64 lies in
-        [min_s (Γ_s − b_s), min_s (Γ_s + b_s)] (:func:`~kahm_dask.float32_bound.class_intervals`).
+        [min_s (Γ_s − b_s), min_s (Γ_s + b_s)] (:func:`~kahm_dask.float32_bound.class_intervals`),
+        the minimum over the same branches as Γ_W,64's (:func:`~kahm_dask.routing.routed_intervals`).
         """
+        def interval(s: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            g, b = self.branches_[s]._distances_with_bound(rows, dtype)
+            return (g, *class_intervals(g, b))
+
+        if n_probe is not None and n_probe < self.n_branches_:
+            return routed_intervals(Yq, self.centres_, n_probe, interval)
         m = Yq.shape[0]
         gamma, lower, upper = np.full(m, np.inf), np.full(m, np.inf), np.full(m, np.inf)
-        for branch in self.branches_:
-            g, b = branch._distances_with_bound(Yq, dtype)
-            low, high = class_intervals(g, b)
-            np.minimum(gamma, g, out=gamma)
-            np.minimum(lower, low, out=lower)
-            np.minimum(upper, high, out=upper)
+        for s in range(self.n_branches_):
+            for total, part in zip((gamma, lower, upper), interval(s, Yq), strict=True):
+                np.minimum(total, part, out=total)
         return gamma, lower, upper
 
     def _distances_with_bound(self, Yq: np.ndarray, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:

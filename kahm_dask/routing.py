@@ -12,11 +12,11 @@ nearly flat in S. With ``n_probe ≥ S`` callers take the exhaustive path, bit f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-__all__ = ["nearest_centres", "rows_per_centre", "routed_minimum"]
+__all__ = ["nearest_centres", "probed_rows", "routed_intervals", "routed_minimum", "rows_per_centre"]
 
 
 def nearest_centres(Yq: np.ndarray, centres: np.ndarray, n_probe: int) -> np.ndarray:
@@ -58,6 +58,21 @@ def rows_per_centre(probes: np.ndarray, n_centres: int) -> list[np.ndarray]:
     return np.split(order // k, splits)
 
 
+def probed_rows(Yq: np.ndarray, centres: np.ndarray, n_probe: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(s, rows)`` for every branch s that some query of ``Yq`` (m, p) probes, in branch order:
+    ``rows`` the sorted indices of the queries whose ``n_probe`` nearest centres (S, p) include s
+    (:func:`nearest_centres`, :func:`rows_per_centre`). The one routing rule of
+    :func:`routed_minimum` and :func:`routed_intervals`.
+
+    >>> [(s, r.tolist()) for s, r in probed_rows(np.array([[1.0], [19.0]]), np.array([[0.0], [10.0], [20.0]]), 1)]
+    [(0, [0]), (2, [1])]
+    """
+    probes = nearest_centres(Yq, centres, n_probe)
+    for s, rows in enumerate(rows_per_centre(probes, centres.shape[0])):
+        if rows.size:
+            yield s, rows
+
+
 def routed_minimum(
     Yq: np.ndarray, centres: np.ndarray, n_probe: int, distance: Callable[[int, np.ndarray], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -75,11 +90,37 @@ def routed_minimum(
     """
     gamma = np.full(Yq.shape[0], np.inf)
     index = np.zeros(Yq.shape[0], dtype=np.int64)
-    probes = nearest_centres(Yq, centres, n_probe)
-    for s, rows in enumerate(rows_per_centre(probes, centres.shape[0])):
-        if rows.size:
-            g = distance(s, Yq[rows])
-            better = g < gamma[rows]
-            gamma[rows[better]] = g[better]
-            index[rows[better]] = s
+    for s, rows in probed_rows(Yq, centres, n_probe):
+        g = distance(s, Yq[rows])
+        better = g < gamma[rows]
+        gamma[rows[better]] = g[better]
+        index[rows[better]] = s
     return gamma, index
+
+
+def routed_intervals(
+    Yq: np.ndarray, centres: np.ndarray, n_probe: int,
+    interval: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The routed minimum (m,) as in :func:`routed_minimum` of an evaluation that comes with an
+    interval around another one, and the interval (lower (m,), upper (m,)) that holds that other
+    evaluation's routed minimum (docs/algorithm.md#certified-prediction).
+
+    ``interval(s, rows)`` gives Γ_s (r,) of the query rows ``rows`` (r, p) and the interval
+    ``lower_s ≤ Γ'_s ≤ upper_s`` (each (r,)) of the other evaluation Γ'_s; branches are probed
+    as in :func:`routed_minimum`, by the same rule. Both evaluations route a query to the same
+    branches P, so ``min_{s ∈ P} Γ'_s`` lies in ``[min_{s ∈ P} lower_s, min_{s ∈ P} upper_s]``.
+
+    >>> C = np.array([[0.0], [10.0], [20.0]])
+    >>> def interval(s, rows):
+    ...     g = np.abs(rows[:, 0] - C[s, 0])
+    ...     return g, g - 0.5, g + 0.5
+    >>> routed_intervals(np.array([[4.0], [19.0]]), C, 2, interval)
+    (array([4., 1.]), array([3.5, 0.5]), array([4.5, 1.5]))
+    """
+    m = Yq.shape[0]
+    gamma, lower, upper = np.full(m, np.inf), np.full(m, np.inf), np.full(m, np.inf)
+    for s, rows in probed_rows(Yq, centres, n_probe):
+        for total, part in zip((gamma, lower, upper), interval(s, Yq[rows]), strict=True):
+            total[rows] = np.minimum(total[rows], part)
+    return gamma, lower, upper

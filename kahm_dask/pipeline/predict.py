@@ -29,7 +29,7 @@ from kahm_dask.pipeline.cluster.progress import Progress
 from kahm_dask.pipeline.placement import PlacedArray, as_placed, model_homes, placed, worker_addresses
 from kahm_dask.pipeline.stores.manifest import read_manifest
 from kahm_dask.pipeline.stores.model import cached_centre, cached_cluster, cluster_location
-from kahm_dask.routing import routed_minimum
+from kahm_dask.routing import routed_intervals, routed_minimum
 from kahm_dask.storage.location import Location, LocationLike, as_location, committed_directory
 
 __all__ = ["class_distance_array", "certified_code_array", "predict_to_store", "PREDICTIONS", "DISTANCES"]
@@ -158,7 +158,7 @@ def class_distance_array(
     check_eval_dtype(eval_dtype, "class_distance_array")
     X, plan = _placed_models(model_path, X, storage_options, workers, trained_on)
     n_classes, paths, home_of = plan.n_classes, plan.paths, plan.home_of
-    routed = [c for c, class_paths in sorted(paths.items()) if n_probe is not None and n_probe < len(class_paths)]
+    routed = plan.routed(n_probe)
     by_home = plan.by_home(set(paths) - set(routed))
     blocks = []
     for home, clusters in sorted(by_home.items(), key=lambda item: str(item[0])):
@@ -202,6 +202,34 @@ class _Plan:
                 out.setdefault(home, []).append((c, path))
         return out
 
+    def routed(self, n_probe: int | None) -> list[int]:
+        """The class codes ``n_probe`` routes: those with more than ``n_probe`` clusters."""
+        if n_probe is None:
+            return []
+        return [c for c, class_paths in sorted(self.paths.items()) if n_probe < len(class_paths)]
+
+    def home_models(self, n_probe: int | None) -> list[tuple[str | None, _HomeModels]]:
+        """Every home (by name) and the models it evaluates, with ``n_probe`` routing."""
+        routed = self.routed(n_probe)
+        in_full = self.by_home(set(self.paths) - set(routed))
+        homes = {home: _HomeModels(tuple(clusters), ()) for home, clusters in in_full.items()}
+        for c in routed:
+            for home in set(self.home_of[c]):
+                here = None if home is None else tuple(s for s, h in enumerate(self.home_of[c]) if h == home)
+                models = homes.get(home, _HomeModels((), ()))
+                homes[home] = _HomeModels(models.clusters, (*models.routed, (c, tuple(self.paths[c]), here)))
+        return sorted(homes.items(), key=lambda item: str(item[0]))
+
+
+@dataclass(frozen=True)
+class _HomeModels:
+    """The models one home evaluates: ``clusters`` (class code, location), each on every row,
+    and per routed class c ``(c, the locations of all of c's clusters, the indices of those whose
+    home this is (None: all))``, each on the rows that probe it (:func:`_routed_class_block`)."""
+
+    clusters: tuple[tuple[int, Location], ...]
+    routed: tuple[tuple[int, tuple[Location, ...], tuple[int, ...] | None], ...]
+
 
 def _placed_models(model_path: LocationLike, X: da.Array, storage_options, workers,
                    trained_on) -> tuple[da.Array, _Plan]:
@@ -224,27 +252,43 @@ def _placed_models(model_path: LocationLike, X: da.Array, storage_options, worke
     return X, _Plan(len(manifest["classes"]), paths, home_of)
 
 
-def _home_intervals(x: np.ndarray, clusters: Sequence[tuple[int, Location]], n_classes: int) -> np.ndarray:
-    """(m, 2C) ``[lower | upper]``: per class, the minimum over the ``clusters`` (class index,
-    path) of one home of ``Γ − b`` and ``Γ + b``, Γ the float32 distances of the rows of ``x``
-    (m, p) and b their proven bound (docs/algorithm.md#float32-error-bound); +inf for a class with
-    no cluster here. The minimum over the homes' blocks bounds the float64 class distances."""
+def _home_intervals(x: np.ndarray, models: _HomeModels, n_classes: int, n_probe: int | None) -> np.ndarray:
+    """(m, 2C) ``[lower | upper]``: per class, the minimum over the ``models`` of one home of
+    ``Γ − b`` and ``Γ + b``, Γ the float32 distances of the rows of ``x`` (m, p) and b their proven
+    bound (docs/algorithm.md#float32-error-bound), a routed class's clusters only on the rows that
+    probe them (:func:`~kahm_dask.routing.routed_intervals`); +inf for a class with no model
+    here. The minimum over the homes' blocks bounds the float64 class distances."""
     rows = np.ascontiguousarray(x, dtype=np.float64)
     out = np.full((x.shape[0], 2 * n_classes), np.inf)
+
+    def bounded(path: Location, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g, b = cached_cluster(path)._distances_with_bound(queries, "float32")
+        return (g, *class_intervals(g, b))
+
     with threadpool_limits(limits=1, user_api="blas"):
-        for c, path in clusters:
-            lower, upper = class_intervals(*cached_cluster(path)._distances_with_bound(rows, "float32"))
+        for c, path in models.clusters:
+            _, lower, upper = bounded(path, rows)
+            np.minimum(out[:, c], lower, out=out[:, c])
+            np.minimum(out[:, n_classes + c], upper, out=out[:, n_classes + c])
+        for c, paths, here in models.routed:
+            def interval(s: int, queries: np.ndarray, paths=paths, here=here):
+                if here is not None and s not in here:  # another home's cluster
+                    return (np.full(queries.shape[0], np.inf),) * 3
+                return bounded(paths[s], queries)
+
+            _, lower, upper = routed_intervals(rows, _cluster_centres(list(paths)), n_probe, interval)
             np.minimum(out[:, c], lower, out=out[:, c])
             np.minimum(out[:, n_classes + c], upper, out=out[:, n_classes + c])
     return out
 
 
-def _home_block_again(x: np.ndarray, intervals: np.ndarray, clusters: Sequence[tuple[int, Location]],
-                      n_classes: int) -> np.ndarray:
-    """(m, C) float64 distances, over the ``clusters`` of one home, of the rows the (m, 2C)
+def _home_block_again(x: np.ndarray, intervals: np.ndarray, models: _HomeModels, n_classes: int,
+                      n_probe: int | None) -> np.ndarray:
+    """(m, C) float64 distances, over the ``models`` of one home, of the rows the (m, 2C)
     ``intervals`` do not decide, each only under the classes that may still be its
-    (:func:`~kahm_dask.float32_bound.candidate_classes`); +inf everywhere else (nothing evaluated
-    when every row is decided)."""
+    (:func:`~kahm_dask.float32_bound.candidate_classes`; a routed class over the clusters each row
+    probes, as :func:`_routed_class_block`); +inf everywhere else (nothing evaluated when every
+    row is decided)."""
     lower, upper = intervals[:, :n_classes], intervals[:, n_classes:]
     out = np.full((x.shape[0], n_classes), np.inf)
     again = np.flatnonzero(certified_argmin(lower, upper) < 0)
@@ -253,10 +297,15 @@ def _home_block_again(x: np.ndarray, intervals: np.ndarray, clusters: Sequence[t
     candidates = candidate_classes(lower[again], upper[again])
     rows = np.ascontiguousarray(x, dtype=np.float64)
     with threadpool_limits(limits=1, user_api="blas"):
-        for c, path in clusters:
+        for c, path in models.clusters:
             which = again[candidates[:, c]]
             if which.size:
                 out[which, c] = np.minimum(out[which, c], _cluster_distances(rows[which], path, "float64"))
+        for c, paths, here in models.routed:
+            which = again[candidates[:, c]]
+            if which.size:
+                out[which, c] = np.minimum(out[which, c],
+                                           _routed_class_block(rows[which], list(paths), n_probe, "float64", here))
     return out
 
 
@@ -275,33 +324,35 @@ def certified_code_array(
     storage_options: Mapping[str, Any] | None = None,
     workers: Sequence[str] | None = None,
     trained_on: Mapping[tuple[int, int], str | None] | None = None,
+    n_probe: int | None = None,
 ) -> PlacedArray:
     """Lazy (m,) predicted class codes of the rows of ``X`` (m, p) by the certified prediction
     (docs/algorithm.md#certified-prediction): equal to the argmin of the float64
-    :func:`class_distance_array`, every model of single layer, no routing.
+    :func:`class_distance_array` with the same ``n_probe``, every model of single layer.
 
     Per row chunk: one task per home evaluates its models in float32 with the proven bound
     (:func:`_home_intervals`), their minimum bounds the float64 class distances, which decide the
     class of most rows (:func:`~kahm_dask.float32_bound.certified_argmin`); one more task per home
     evaluates only the undecided rows in float64, under the classes that may still be theirs
     (:func:`_home_block_again`), and the minimum over the homes settles them (:func:`_resolved_codes`).
-    ``workers`` and ``trained_on`` place the tasks as in :func:`class_distance_array`.
+    ``workers`` and ``trained_on`` place the tasks as in :func:`class_distance_array`; a routed
+    class is evaluated in the tasks of its clusters' homes, each cluster on the rows that probe it.
     """
     X, plan = _placed_models(model_path, X, storage_options, workers, trained_on)
     C = plan.n_classes
-    homes = sorted(plan.by_home(set(plan.paths)).items(), key=lambda item: str(item[0]))
+    homes = plan.home_models(n_probe)
     bounds = []
-    for home, clusters in homes:
+    for home, models in homes:
         with placed(home):
-            bounds.append(X.map_blocks(_home_intervals, clusters, C, dtype=np.float64, chunks=(X.chunks[0], (2 * C,)),
-                                       meta=np.empty((0, 0)), token="kahm-home-f32"))
+            bounds.append(X.map_blocks(_home_intervals, models, C, n_probe, dtype=np.float64,
+                                       chunks=(X.chunks[0], (2 * C,)), meta=np.empty((0, 0)), token="kahm-home-f32"))
     intervals = _minimum_of(bounds)
     again = []
-    for home, clusters in homes:
+    for home, models in homes:
         with placed(home):
-            again.append(da.blockwise(_home_block_again, "ij", X, "ik", intervals, "il", clusters, None, C, None,
-                                      new_axes={"j": C}, concatenate=True, dtype=np.float64, meta=np.empty((0, 0)),
-                                      token="kahm-home-again"))
+            again.append(da.blockwise(_home_block_again, "ij", X, "ik", intervals, "il", models, None, C, None,
+                                      n_probe, None, new_axes={"j": C}, concatenate=True, dtype=np.float64,
+                                      meta=np.empty((0, 0)), token="kahm-home-again"))
     resolved = da.blockwise(_resolved_codes, "i", intervals, "il", _minimum_of(again), "ij", concatenate=True,
                             dtype=np.int64, meta=np.empty((0,), np.int64))
     return as_placed(resolved)

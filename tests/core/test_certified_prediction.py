@@ -6,9 +6,9 @@ float64 class distances, whatever share of rows the bound decides. Checked on di
 cancer with the real bound, with a bound so wide that no row is decided (everything goes through
 the float64 fallback) and with the rule of ``certified_argmin`` on intervals whose answer is known;
 the float64 class is always among ``candidate_classes`` (the classes a re-evaluated row is
-evaluated under);
-routing and deeper models predict from the float64 distances; ``class_distances`` under "auto" is
-the float64 evaluation, bit for bit.
+evaluated under); the same with routing (``n_probe``), whose routed intervals hold the float64
+routed distance; deeper models predict from the float64 distances; ``class_distances`` under
+"auto" is the float64 evaluation, bit for bit.
 """
 
 from __future__ import annotations
@@ -70,9 +70,43 @@ def test_auto_distances_are_the_float64_evaluation(digits):
     np.testing.assert_array_equal(auto, clf.set_params(eval_dtype="float64").class_distances(digits.X_test))
 
 
-@pytest.mark.parametrize("params", [{"n_probe": 1, "block_size": 60}, {"n_layers": 2}])
-def test_routing_and_deeper_models_predict_from_the_float64_distances(digits, params, monkeypatch):
-    clf = KAHMClassifier(random_state=0, **params).fit(digits.X_train, digits.y_train)
+@pytest.fixture
+def routed(digits):
+    """A classifier of two branches in most classes, routed to the nearest one."""
+    clf = KAHMClassifier(random_state=0, block_size=60, n_probe=1).fit(digits.X_train, digits.y_train)
+    assert sum(model.n_branches_ > 1 for model in clf.models_) >= 5
+    return clf
+
+
+def test_routed_predictions_are_the_float64_ones(routed, digits, monkeypatch):
+    X = np.vstack([digits.X_test, digits.X_train])
+    fallback = _counting_fallback(monkeypatch)
+    auto = routed.predict(X)
+    assert fallback and sum(fallback) < len(X)  # the certified route is taken and decides rows
+    np.testing.assert_array_equal(auto, _float64_predictions(routed, X))
+
+
+def test_routed_with_no_row_decided_every_row_goes_back_to_float64(routed, digits, monkeypatch):
+    monkeypatch.setattr(float32_bound, "gemm_constant", lambda n_rows: 1e30)
+    fallback = _counting_fallback(monkeypatch)
+    auto = routed.set_params(n_jobs=2).predict(digits.X_test)
+    assert sum(fallback) == len(digits.X_test)
+    np.testing.assert_array_equal(auto, _float64_predictions(routed, digits.X_test))
+
+
+def test_routed_intervals_hold_the_float64_routed_distance(routed, digits):
+    X = digits.X_test
+    below = 0
+    for model in routed.models_:
+        gamma, lower, upper = model._distance_intervals(X, "float32", n_probe=1)
+        g64 = model._distance_rows(X, n_probe=1, dtype="float64")[0]
+        assert np.all((lower <= g64) & (g64 <= upper)) and np.all(lower <= gamma) and np.all(gamma <= upper)
+        below += np.count_nonzero(model._distance_rows(X, dtype="float64")[0] < lower)
+    assert below  # the interval is the routed one's: the exhaustive minimum falls below it for some rows
+
+
+def test_deeper_models_predict_from_the_float64_distances(digits, monkeypatch):
+    clf = KAHMClassifier(random_state=0, n_layers=2).fit(digits.X_train, digits.y_train)
     fallback = _counting_fallback(monkeypatch)
     auto = clf.predict(digits.X_test)
     assert not fallback  # the certified route is not taken: no bound exists there

@@ -481,7 +481,8 @@ persist_fraction : the partition's
         :meth:`class_distances`; lazy for lazy X."""
         X, lazy = self._queries(X)
         codes = certified_code_array(self.model_path_, X, storage_options=self.storage_options,
-                                     workers=worker_addresses(self.client), trained_on=self.__dict__.get("_trained_on"))
+                                     workers=worker_addresses(self.client), trained_on=self.__dict__.get("_trained_on"),
+                                     n_probe=self.n_probe)
         dtype = self.classes_.dtype
         labels = codes.map_blocks(_take, self.classes_, dtype=dtype, meta=np.empty((0,), dtype))
         return self._result(as_placed(labels), lazy)
