@@ -157,7 +157,7 @@ def class_distance_array(
     """
     check_eval_dtype(eval_dtype, "class_distance_array")
     X, plan = _placed_models(model_path, X, storage_options, workers, trained_on)
-    n_classes, paths, home_of = plan.n_classes, plan.paths, plan.home_of
+    n_classes, paths = plan.n_classes, plan.paths
     routed = plan.routed(n_probe)
     by_home = plan.by_home(set(paths) - set(routed))
     blocks = []
@@ -171,8 +171,7 @@ def class_distance_array(
     columns = []
     for c in routed:
         parts = []
-        for home in sorted(set(home_of[c]), key=str):
-            here = None if home is None else tuple(s for s, h in enumerate(home_of[c]) if h == home)
+        for home, here in plan.homes_of(c):
             with placed(home):
                 parts.append(X.map_blocks(_routed_class_block, paths[c], n_probe, eval_dtype, here,
                                           drop_axis=1, dtype=np.float64, meta=np.empty((0,)),
@@ -208,14 +207,19 @@ class _Plan:
             return []
         return [c for c, class_paths in sorted(self.paths.items()) if n_probe < len(class_paths)]
 
+    def homes_of(self, c: int) -> list[tuple[str | None, tuple[int, ...] | None]]:
+        """The homes of class code c's clusters (by name) and, for each, the indices of the
+        clusters it is home to (None without workers: every cluster)."""
+        return [(home, None if home is None else tuple(s for s, h in enumerate(self.home_of[c]) if h == home))
+                for home in sorted(set(self.home_of[c]), key=str)]
+
     def home_models(self, n_probe: int | None) -> list[tuple[str | None, _HomeModels]]:
         """Every home (by name) and the models it evaluates, with ``n_probe`` routing."""
         routed = self.routed(n_probe)
         in_full = self.by_home(set(self.paths) - set(routed))
         homes = {home: _HomeModels(tuple(clusters), ()) for home, clusters in in_full.items()}
         for c in routed:
-            for home in set(self.home_of[c]):
-                here = None if home is None else tuple(s for s, h in enumerate(self.home_of[c]) if h == home)
+            for home, here in self.homes_of(c):
                 models = homes.get(home, _HomeModels((), ()))
                 homes[home] = _HomeModels(models.clusters, (*models.routed, (c, tuple(self.paths[c]), here)))
         return sorted(homes.items(), key=lambda item: str(item[0]))
