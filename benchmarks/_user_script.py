@@ -4,61 +4,28 @@ It is the snippet of that benchmark as a user writes it in a script, imports at 
 work under ``if __name__ == "__main__":``. Dask starts its worker processes with
 multiprocessing's ``spawn``, which runs the top of the main script again in every worker, so
 these workers import ``kahm_dask`` (and scikit-learn, SciPy, Zarr) while ``Client(...)`` starts,
-not in the first fit; the start of the client is timed too. It imports nothing from this tree:
-whichever ``kahm_dask`` is first on ``PYTHONPATH`` is the code measured, in the client and in the
-workers. ``ROWS.npz`` holds ``Xtr, ytr, Xte, yte``. Prints one line of JSON.
+not in the first fit; the start of the client is timed too. It takes the timed snippet from
+``_user_snippet.py`` in its own folder and nothing else from this tree: whichever ``kahm_dask``
+is first on ``PYTHONPATH`` is the code measured, in the client and in the workers. ``ROWS.npz``
+holds ``Xtr, ytr, Xte, yte``. Prints one line of JSON.
 """
 
 import json
-import os
 import sys
-import tempfile
-import time
 
-import dask.array as da
+# the user's imports, at the top: the spawned workers run them too
+import dask.array as da  # noqa: F401
 import numpy as np
-from distributed import Client
+from _user_snippet import timed_snippet  # this file's folder, first on the path
+from distributed import Client  # noqa: F401
 
-from kahm_dask import DaskKAHMClassifier, KAHMClassifier
-
-PARAMS = {"n_components": 20, "block_size": 1000, "random_state": 0}
+from kahm_dask import DaskKAHMClassifier, KAHMClassifier  # noqa: F401
 
 
 def main(rows_path: str) -> dict:
-    """The snippet, timed call by call, with the client's start; the same fit and prediction
-    again on the same client ("again", not the snippet)."""
+    """The snippet on the rows of ``rows_path`` (:func:`_user_snippet.timed_snippet`)."""
     rows = np.load(rows_path)
-    Xtr, ytr, Xte, yte = rows["Xtr"], rows["ytr"], rows["Xte"], rows["yte"]
-    out: dict = {"load_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        with Client(n_workers=2, threads_per_worker=1, dashboard_address=None) as client:
-            out["client_start_s"] = time.perf_counter() - t0
-            out["workers_code"] = sorted(set(client.run(lambda: sys.modules["kahm_dask"].__file__).values()))
-            Xd = da.from_array(Xtr, chunks=(4096, -1))
-            Xq = da.from_array(Xte, chunks=(2048, -1))
-            t0 = time.perf_counter()
-            d = DaskKAHMClassifier(**PARAMS, store_dir=tmp).fit(Xd, ytr)
-            out["dask_fit_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            pred_d = d.predict(Xq).compute()
-            out["dask_predict_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            again = DaskKAHMClassifier(**PARAMS, store_dir=f"{tmp}/again").fit(Xd, ytr)
-            out["dask_fit_again_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            again.predict(Xq).compute()
-            out["dask_predict_again_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            m = KAHMClassifier(n_jobs=2, **PARAMS).fit(Xtr, ytr)
-            out["mem_fit_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            pred_m = m.predict(Xte)
-            out["mem_predict_s"] = time.perf_counter() - t0
-    out["agreement"] = float(np.mean(pred_d == pred_m))
-    out["accuracy"] = float(np.mean(pred_d == yte))
-    out["load_after"] = os.getloadavg()[0]
-    return out
+    return timed_snippet(rows["Xtr"], rows["ytr"], rows["Xte"], rows["yte"])
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -59,52 +58,14 @@ from benchmarks._harness import (
     markdown_table,
     write_report,
 )
-
-PARAMS = {"n_components": 20, "block_size": 1000, "random_state": 0}
+from benchmarks._user_snippet import PARAMS, timed_snippet
 
 
 def run_snippet(report: str | None = None) -> dict:
-    """The user's script above, timed call by call (in this process); with ``report``, the Dask
-    fit and prediction inside Dask's ``performance_report`` (``benchmarks/results/reports/<report>.html``)."""
-    import dask.array as da
-    from distributed import Client
-
-    from kahm_dask import DaskKAHMClassifier, KAHMClassifier
-
-    Xtr, ytr, Xte, yte = load_mnist()
-    out: dict = {"load_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        with Client(n_workers=2, threads_per_worker=1, dashboard_address=None) as client:
-            out["client_start_s"] = time.perf_counter() - t0
-            Xd = da.from_array(Xtr, chunks=(4096, -1))
-            Xq = da.from_array(Xte, chunks=(2048, -1))
-            with dask_report(report) if report else nullcontext():
-                t0 = time.perf_counter()
-                d = DaskKAHMClassifier(**PARAMS, store_dir=tmp).fit(Xd, ytr)
-                out["dask_fit_s"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                pred_d = d.predict(Xq).compute()
-                out["dask_predict_s"] = time.perf_counter() - t0
-            # not the snippet: the same again on the same client (its workers have the code loaded)
-            t0 = time.perf_counter()
-            again = DaskKAHMClassifier(**PARAMS, store_dir=f"{tmp}/again").fit(Xd, ytr)
-            out["dask_fit_again_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            again.predict(Xq).compute()
-            out["dask_predict_again_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            m = KAHMClassifier(n_jobs=2, **PARAMS).fit(Xtr, ytr)
-            out["mem_fit_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            pred_m = m.predict(Xte)
-            out["mem_predict_s"] = time.perf_counter() - t0
-            # after the fits, which loaded it (asking before would load it early); by value
-            out["workers_code"] = sorted(set(client.run(lambda: sys.modules["kahm_dask"].__file__).values()))
-    out["agreement"] = float(np.mean(pred_d == pred_m))
-    out["accuracy"] = float(np.mean(pred_d == yte))
-    out["load_after"] = os.getloadavg()[0]
-    return out
+    """The user's script above, timed call by call in this process, its imports inside the
+    function (:func:`~benchmarks._user_snippet.timed_snippet`); with ``report``, the Dask fit and
+    prediction inside Dask's ``performance_report`` (``benchmarks/results/reports/<report>.html``)."""
+    return timed_snippet(*load_mnist(), traced=(lambda: dask_report(report)) if report else nullcontext)
 
 
 USER_SCRIPT = ROOT / "benchmarks" / "_user_script.py"
