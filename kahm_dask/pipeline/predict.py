@@ -12,7 +12,7 @@ predictions are written back to Zarr.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,12 +217,12 @@ class _Plan:
         """Every home (by name) and the models it evaluates, with ``n_probe`` routing."""
         routed = self.routed(n_probe)
         in_full = self.by_home(set(self.paths) - set(routed))
-        homes = {home: _HomeModels(tuple(clusters), ()) for home, clusters in in_full.items()}
+        routed_at: dict[str | None, list] = {}
         for c in routed:
             for home, here in self.homes_of(c):
-                models = homes.get(home, _HomeModels((), ()))
-                homes[home] = _HomeModels(models.clusters, (*models.routed, (c, tuple(self.paths[c]), here)))
-        return sorted(homes.items(), key=lambda item: str(item[0]))
+                routed_at.setdefault(home, []).append((c, tuple(self.paths[c]), here))
+        return [(home, _HomeModels(tuple(in_full.get(home, ())), tuple(routed_at.get(home, ()))))
+                for home in sorted(set(in_full) | set(routed_at), key=str)]
 
 
 @dataclass(frozen=True)
@@ -269,18 +269,19 @@ def _home_intervals(x: np.ndarray, models: _HomeModels, n_classes: int, n_probe:
         g, b = cached_cluster(path)._distances_with_bound(queries, "float32")
         return (g, *class_intervals(g, b))
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    def class_intervals_here() -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         for c, path in models.clusters:
-            _, lower, upper = bounded(path, rows)
-            np.minimum(out[:, c], lower, out=out[:, c])
-            np.minimum(out[:, n_classes + c], upper, out=out[:, n_classes + c])
+            yield c, *bounded(path, rows)[1:]
         for c, paths, here in models.routed:
             def interval(s: int, queries: np.ndarray, paths=paths, here=here):
                 if here is not None and s not in here:  # another home's cluster
                     return (np.full(queries.shape[0], np.inf),) * 3
                 return bounded(paths[s], queries)
 
-            _, lower, upper = routed_intervals(rows, _cluster_centres(list(paths)), n_probe, interval)
+            yield c, *routed_intervals(rows, _cluster_centres(list(paths)), n_probe, interval)[1:]
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        for c, lower, upper in class_intervals_here():
             np.minimum(out[:, c], lower, out=out[:, c])
             np.minimum(out[:, n_classes + c], upper, out=out[:, n_classes + c])
     return out
